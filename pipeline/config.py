@@ -1,0 +1,264 @@
+"""Typed, validated configuration: `pipeline.yaml` + environment + `--set` overrides."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+INSTANCE_TYPE = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
+ROLE_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$"
+S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+APPROVAL_STATUSES = ("Approved", "PendingManualApproval", "Rejected")
+
+# Account-specific values that may come from the environment instead of the file.
+ENV_OVERRIDES = {
+    "TRAINIUM_PIPELINE_REGION": "aws.region",
+    "TRAINIUM_PIPELINE_ROLE_ARN": "aws.role_arn",
+    "TRAINIUM_PIPELINE_BUCKET": "aws.bucket",
+}
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 scalars: `5e-5` is a float and only true/false are booleans (`yes`, `on` stay strings)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regex) for tag, regex in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, stated in one line: key, value and what was expected."""
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, types are not coerced loosely."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Vpc(Section):
+    subnets: list[str] = Field(min_length=1)
+    security_group_ids: list[str] = Field(min_length=1)
+
+
+class Aws(Section):
+    region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    role_arn: str = Field(pattern=ROLE_ARN)
+    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    prefix: str = Field(default="trainium-bert", pattern=r"^[\w.-]+(/[\w.-]+)*$")
+    kms_key_id: str | None = None
+    vpc: Vpc | None = None
+    tags: dict[str, str] = {}
+
+    @property
+    def account(self) -> str:
+        """The AWS account id, taken from the execution role ARN."""
+        return self.role_arn.split(":")[4]
+
+
+class PipelineSettings(Section):
+    name: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$")
+    model_package_group: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+    cache_expire_after: str = Field(default="P30D", pattern=r"^P(\d+[YMWD])*(T(\d+[HMS])+)?$")
+    retry_attempts: int = Field(default=3, ge=0, le=20)
+
+
+class Images(Section):
+    """Container image URIs; `{region}` is replaced by `aws.region`."""
+
+    training: str = Field(pattern=r"neuronx")
+    processing: str
+    inference: str
+
+
+class Data(Section):
+    source: str = Field(min_length=1)
+    validation_share: float = Field(default=0.05, gt=0, lt=1)
+    max_bad_share: float = Field(default=0.01, ge=0, le=1)
+    max_rows_per_split: int | None = Field(default=None, gt=0)
+
+    @property
+    def is_s3(self) -> bool:
+        return self.source.startswith("s3://")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        if v.startswith("s3://") and not re.match(S3_URI, v):
+            raise ValueError("an S3 URI like s3://bucket/prefix/, a Hub dataset name or sample[:N]")
+        return v
+
+
+class ProcessingResources(Section):
+    instance_type: str = Field(pattern=INSTANCE_TYPE)
+    instance_count: int = Field(default=1, ge=1)
+    volume_size_gb: int = Field(default=100, ge=1, le=16384)
+    max_runtime_seconds: int = Field(default=4 * 3600, ge=60, le=5 * 24 * 3600)
+
+
+class Spot(Section):
+    enabled: bool = False
+    max_wait_seconds: int = Field(default=48 * 3600, ge=60, le=28 * 24 * 3600)
+
+
+class Training(Section):
+    instance_type: str = Field(pattern=INSTANCE_TYPE)
+    instance_count: int = Field(default=1, ge=1)
+    volume_size_gb: int = Field(default=200, ge=1, le=16384)
+    max_runtime_seconds: int = Field(default=24 * 3600, ge=60, le=28 * 24 * 3600)
+    spot: Spot = Spot()
+    checkpoint_s3_uri: str | None = Field(default=None, pattern=S3_URI)
+    compile_cache_s3_uri: str | None = Field(default=None, pattern=S3_URI)
+    model_id: str = "bert-base-uncased"
+    epochs: int = Field(default=2, ge=1)
+    max_steps: int = Field(default=-1, ge=-1)
+    batch_size: int = Field(default=16, ge=1)
+    grad_accum: int = Field(default=1, ge=1)
+    learning_rate: float = Field(default=5e-5, gt=0, lt=1)
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    weight_decay: float = Field(default=0.01, ge=0)
+    max_length: int = Field(default=128, ge=8, le=512)
+    seed: int = 42
+    log_interval: int = Field(default=50, ge=1)
+    checkpoint_interval: int = Field(default=500, ge=1)
+    bf16: Literal["auto"] | bool = "auto"
+
+    @model_validator(mode="after")
+    def _spot_wait(self) -> Training:
+        if self.spot.enabled and self.spot.max_wait_seconds < self.max_runtime_seconds:
+            raise ValueError(
+                f"training.spot.max_wait_seconds={self.spot.max_wait_seconds}: expected >= "
+                f"training.max_runtime_seconds ({self.max_runtime_seconds})"
+            )
+        return self
+
+
+class Evaluation(ProcessingResources):
+    accuracy_threshold: float = Field(default=0.85, ge=0, le=1)
+
+
+class Registry(Section):
+    approval_status: Literal[APPROVAL_STATUSES] = "PendingManualApproval"  # type: ignore[valid-type]
+
+
+class Deploy(Section):
+    endpoint_name: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+    instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
+    instance_count: int = Field(default=1, ge=1)
+    lambda_function_name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    data_capture_s3_uri: str | None = Field(default=None, pattern=S3_URI)
+
+
+class Config(Section):
+    """Everything a user changes, one section per concern."""
+
+    aws: Aws
+    pipeline: PipelineSettings
+    images: Images
+    data: Data
+    tokenize: ProcessingResources
+    training: Training
+    evaluation: Evaluation
+    registry: Registry = Registry()
+    deploy: Deploy
+
+    @property
+    def s3_root(self) -> str:
+        return f"s3://{self.aws.bucket}/{self.aws.prefix}"
+
+    @property
+    def checkpoint_s3_uri(self) -> str:
+        return self.training.checkpoint_s3_uri or f"{self.s3_root}/checkpoints"
+
+    @property
+    def compile_cache_s3_uri(self) -> str:
+        return self.training.compile_cache_s3_uri or f"{self.s3_root}/neuron-compile-cache"
+
+    @property
+    def deploy_lambda_arn(self) -> str:
+        return (
+            f"arn:aws:lambda:{self.aws.region}:{self.aws.account}:function:{self.deploy.lambda_function_name}"
+        )
+
+    def image(self, kind: Literal["training", "processing", "inference"]) -> str:
+        return getattr(self.images, kind).replace("{region}", self.aws.region)
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {'.'.join(parents)} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split `key.path=value`; the value is parsed as YAML (`2` is an int, `true` a bool, `a` a string)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)*", key):
+        raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. training.epochs=2")
+    return key, yaml.load(raw, Loader=_Loader) if raw else ""
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{key}: unknown key (value {error['input']!r}); check the spelling against the README"
+    if error["type"] == "missing":
+        return f"{key}: missing; expected a value"
+    expected = error["msg"]
+    for prefix in ("Value error, ", "Assertion failed, ", "Input should be "):
+        expected = expected.removeprefix(prefix)
+    if error["type"] == "string_pattern_mismatch":
+        pattern = error.get("ctx", {}).get("pattern", "")
+        expected = {
+            INSTANCE_TYPE: "an instance type like ml.trn1.32xlarge",
+            ROLE_ARN: "an IAM role ARN like arn:aws:iam::123456789012:role/Name",
+            S3_URI: "an S3 URI like s3://bucket/prefix",
+        }.get(pattern, f"a string matching {pattern}")
+    return f"{key}={error['input']!r}: expected {expected}"
+
+
+def load_config(
+    path: str | Path = "pipeline.yaml",
+    overrides: list[str] | tuple[str, ...] = (),
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Load `path`, apply environment variables (ENV_OVERRIDES), then `--set` overrides, and validate."""
+    path = Path(path)
+    try:
+        tree = yaml.load(path.read_text(), Loader=_Loader) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    environ = os.environ if environ is None else environ
+    for var, key in ENV_OVERRIDES.items():
+        if environ.get(var):
+            _set_path(tree, key, environ[var])
+    for text in overrides:
+        _set_path(tree, *parse_override(text))
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError("; ".join(_describe(err) for err in e.errors())) from None

@@ -1,0 +1,66 @@
+"""Test-wide settings: offline, fake AWS credentials, and no connection leaves the machine."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+import pytest
+
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "SAGEMAKER_VALIDATE_ROLE": "false",
+}
+os.environ.update(OFFLINE_ENV)
+for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "TRAINIUM_PIPELINE_REGION", "TRAINIUM_PIPELINE_ROLE_ARN",
+            "TRAINIUM_PIPELINE_BUCKET"):
+    os.environ.pop(var, None)
+
+BLOCKED: list[object] = []
+_connect = socket.socket.connect
+
+
+def _is_local(address: object) -> bool:
+    if not isinstance(address, tuple):
+        return True  # AF_UNIX and friends
+    host = str(address[0])
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _guarded_connect(self: socket.socket, address: object) -> None:
+    if not _is_local(address):
+        BLOCKED.append(address)
+        raise ConnectionRefusedError(f"tests make no network calls (blocked connect to {address})")
+    return _connect(self, address)
+
+
+socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def no_network():
+    """Fails the test if anything tried to connect beyond loopback while it ran."""
+    BLOCKED.clear()
+    yield
+    assert not BLOCKED, f"network calls attempted: {BLOCKED}"
+
+
+@pytest.fixture(scope="module")
+def no_network_module():
+    """Like `no_network`, for module-scoped fixtures."""
+    BLOCKED.clear()
+    yield
+    assert not BLOCKED, f"network calls attempted: {BLOCKED}"

@@ -1,0 +1,96 @@
+"""pipeline.yaml loading: types, ranges, unknown keys, environment and --set overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import Config, ConfigError, load_config, parse_override
+
+SHIPPED = Path(__file__).resolve().parent.parent / "pipeline.yaml"
+
+
+def test_shipped_config_loads_with_documented_defaults():
+    cfg = load_config(SHIPPED, environ={})
+    assert isinstance(cfg, Config)
+    assert cfg.training.model_id == "bert-base-uncased"
+    assert cfg.training.instance_type.startswith("ml.trn1.")
+    assert "pytorch-training-neuronx" in cfg.image("training")
+    assert "{region}" not in cfg.image("inference") and cfg.aws.region in cfg.image("inference")
+    assert cfg.training.learning_rate == pytest.approx(5e-5)
+    assert cfg.deploy.instance_type == "ml.c5.xlarge"
+    assert cfg.checkpoint_s3_uri == "s3://my-sagemaker-bucket/trainium-bert/checkpoints"
+    assert cfg.deploy_lambda_arn == "arn:aws:lambda:us-east-1:123456789012:function:trainium-bert-deploy"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("training.epochs=two", "training.epochs='two': expected a valid integer"),
+        ("training.instance_type=trn1.32xlarge",
+         "training.instance_type='trn1.32xlarge': expected an instance type like ml.trn1.32xlarge"),
+        ("aws.role_arn=MyRole", "aws.role_arn='MyRole': expected an IAM role ARN"),
+        ("evaluation.accuracy_threshold=1.5", "evaluation.accuracy_threshold=1.5: expected less than or equal to 1"),
+        ("evaluation.accuracy_threshold=-0.1",
+         "evaluation.accuracy_threshold=-0.1: expected greater than or equal to 0"),
+        ("training.epoch=2", "training.epoch: unknown key"),
+        ("registry.approval_status=Yes", "registry.approval_status='Yes': expected 'Approved'"),
+        ("training.checkpoint_s3_uri=bucket/ckpt", "training.checkpoint_s3_uri='bucket/ckpt': expected an S3 URI"),
+    ],
+)
+def test_bad_values_name_the_key_the_value_and_the_expectation(override, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(SHIPPED, [override], environ={})
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_unknown_top_level_key_and_missing_section(tmp_path):
+    tree = yaml.safe_load(SHIPPED.read_text())
+    tree["extras"] = {"x": 1}
+    del tree["deploy"]
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError) as error:
+        load_config(path, environ={})
+    assert "extras: unknown key" in str(error.value)
+    assert "deploy: missing" in str(error.value)
+
+
+def test_spot_wait_must_cover_the_runtime():
+    with pytest.raises(ConfigError, match="max_wait_seconds=3600: expected >= training.max_runtime_seconds"):
+        load_config(SHIPPED, ["training.spot.enabled=true", "training.spot.max_wait_seconds=3600"], environ={})
+
+
+def test_environment_then_set_overrides_apply_in_that_order():
+    environ = {
+        "TRAINIUM_PIPELINE_REGION": "eu-west-1",
+        "TRAINIUM_PIPELINE_ROLE_ARN": "arn:aws:iam::210987654321:role/Other",
+        "TRAINIUM_PIPELINE_BUCKET": "env-bucket",
+    }
+    cfg = load_config(SHIPPED, ["aws.bucket=set-bucket", "training.learning_rate=3e-5", "training.epochs=1"],
+                      environ=environ)
+    assert cfg.aws.region == "eu-west-1"
+    assert cfg.aws.account == "210987654321"
+    assert cfg.aws.bucket == "set-bucket"
+    assert cfg.training.learning_rate == pytest.approx(3e-5)
+    assert cfg.training.epochs == 1
+    assert "eu-west-1" in cfg.image("training")
+
+
+def test_override_syntax_errors_are_explained():
+    with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
+        parse_override("training.epochs")
+    assert parse_override("aws.vpc=null") == ("aws.vpc", None)
+    assert parse_override("training.bf16=false") == ("training.bf16", False)
+
+
+def test_missing_or_broken_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml", environ={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("aws: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad, environ={})

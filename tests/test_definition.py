@@ -1,0 +1,238 @@
+"""The generated DAG: its real content, its references, determinism, and no network while building it.
+
+Regenerate the golden file after an intended change of the DAG with:
+    python -m pipeline definition --out tests/golden/definition.json
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.code import CodeBundle
+from pipeline.config import load_config
+from pipeline.definition import definition
+from pipeline.upsert import flatten_steps
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden" / "definition.json"
+EXECUTION_VARIABLES = {"PipelineExecutionId", "PipelineExecutionArn", "PipelineName", "PipelineArn",
+                       "ExecutionStartTime", "CurrentDateTime", "PipelineExecutionDisplayName"}
+
+
+@pytest.fixture(scope="module")
+def text(no_network_module):
+    return definition(load_config(ROOT / "pipeline.yaml", environ={}))
+
+
+@pytest.fixture(scope="module")
+def dag(text):
+    return json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def steps(dag):
+    return flatten_steps(dag["Steps"])
+
+
+def without_code_hashes(text: str) -> str:
+    """The definition with content hashes of the step code replaced, so the golden file tracks the DAG only."""
+    return re.sub(r"[0-9a-f]{64}", "<sha256>", text)
+
+
+def references(node, found=None):
+    found = [] if found is None else found
+    if isinstance(node, dict):
+        if set(node) == {"Get"}:
+            found.append(node["Get"])
+        for value in node.values():
+            references(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            references(value, found)
+    return found
+
+
+def test_matches_the_golden_file(text):
+    assert without_code_hashes(text) == without_code_hashes(GOLDEN.read_text()), (
+        "the DAG changed: if intended, regenerate with python -m pipeline definition --out tests/golden/definition.json"
+    )
+
+
+def test_is_byte_identical_for_the_same_config(text):
+    assert definition(load_config(ROOT / "pipeline.yaml", environ={})) == text
+
+
+def test_steps_types_and_wiring(dag, steps):
+    assert [s["Name"] for s in dag["Steps"]] == ["Tokenize", "Train", "Evaluate", "AccuracyGate"]
+    assert {n: s["Type"] for n, s in steps.items()} == {
+        "Tokenize": "Processing", "Train": "Training", "Evaluate": "Processing", "AccuracyGate": "Condition",
+        "RegisterModel": "RegisterModel", "ApprovedGate": "Condition", "Deploy": "Lambda",
+        "AccuracyTooLow": "Fail",
+    }
+    gate = steps["AccuracyGate"]["Arguments"]
+    assert [s["Name"] for s in gate["IfSteps"]] == ["RegisterModel", "ApprovedGate"]
+    assert [s["Name"] for s in gate["ElseSteps"]] == ["AccuracyTooLow"]
+    assert [s["Name"] for s in steps["ApprovedGate"]["Arguments"]["IfSteps"]] == ["Deploy"]
+    assert steps["ApprovedGate"]["Arguments"]["ElseSteps"] == []
+    # Data dependencies: Train reads Tokenize's outputs, Evaluate reads Train's model and Tokenize's test split.
+    train_channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
+                      for c in steps["Train"]["Arguments"]["InputDataConfig"]}
+    assert train_channels == {
+        split: {"Get": f"Steps.Tokenize.ProcessingOutputConfig.Outputs['{split}'].S3Output.S3Uri"}
+        for split in ("train", "validation")
+    }
+    evaluate_inputs = {i["InputName"]: i["S3Input"]["S3Uri"] for i in steps["Evaluate"]["Arguments"]["ProcessingInputs"]}
+    assert evaluate_inputs["model"] == {"Get": "Steps.Train.ModelArtifacts.S3ModelArtifacts"}
+    assert evaluate_inputs["test"] == {"Get": "Steps.Tokenize.ProcessingOutputConfig.Outputs['test'].S3Output.S3Uri"}
+
+
+def test_parameters(dag):
+    declared = {p["Name"]: (p["Type"], p["DefaultValue"]) for p in dag["Parameters"]}
+    assert declared == {
+        "InputData": ("String", "amazon_polarity"),
+        "TrainInstanceType": ("String", "ml.trn1.32xlarge"),
+        "TrainInstanceCount": ("Integer", 1),
+        "Epochs": ("Integer", 2),
+        "LearningRate": ("Float", 5e-05),
+        "BatchSize": ("Integer", 16),
+        "MaxLength": ("Integer", 128),
+        "AccuracyThreshold": ("Float", 0.85),
+        "ModelApprovalStatus": ("String", "PendingManualApproval"),
+        "EndpointName": ("String", "trainium-bert"),
+    }
+
+
+def test_training_step_runs_torchrun_in_the_neuronx_container(steps):
+    train = steps["Train"]
+    args = train["Arguments"]
+    assert "pytorch-training-neuronx" in args["AlgorithmSpecification"]["TrainingImage"]
+    assert args["ResourceConfig"]["InstanceType"] == {"Get": "Parameters.TrainInstanceType"}
+    assert args["ResourceConfig"]["InstanceCount"] == {"Get": "Parameters.TrainInstanceCount"}
+    hps = args["HyperParameters"]
+    assert hps["sagemaker_torch_distributed_enabled"] == "true"
+    assert hps["sagemaker_program"] == '"train.py"'
+    assert re.fullmatch(r'"s3://my-sagemaker-bucket/trainium-bert/code/[0-9a-f]{64}/training/sourcedir.tar.gz"',
+                        hps["sagemaker_submit_directory"])
+    assert hps["epochs"] == {"Std:Join": {"On": "", "Values": [{"Get": "Parameters.Epochs"}]}}
+    assert args["StoppingCondition"]["MaxRuntimeInSeconds"] == 86400
+    assert args["CheckpointConfig"] == {"LocalPath": "/opt/ml/checkpoints",
+                                        "S3Uri": "s3://my-sagemaker-bucket/trainium-bert/checkpoints"}
+    assert args["Environment"]["NEURON_COMPILE_CACHE_URL"] == "s3://my-sagemaker-bucket/trainium-bert/neuron-compile-cache"
+    metrics = {m["Name"]: m["Regex"] for m in args["AlgorithmSpecification"]["MetricDefinitions"]}
+    line = "step=200 epoch=0 loss=0.3125 samples_per_sec=812.5 lr=4.5e-05"
+    assert re.search(metrics["train:loss"], line).group(1) == "0.3125"
+    assert re.search(metrics["train:samples_per_sec"], line).group(1) == "812.5"
+    assert re.search(metrics["train:learning_rate"], line).group(1) == "4.5e-05"
+    assert train["CacheConfig"] == {"Enabled": True, "ExpireAfter": "P30D"}
+    assert "SageMaker.CAPACITY_ERROR" in train["RetryPolicies"][0]["ExceptionType"]
+    assert "EnableManagedSpotTraining" not in args
+
+
+def test_processing_steps_run_the_step_scripts_from_hashed_code(steps):
+    for name, script in (("Tokenize", "preprocess"), ("Evaluate", "evaluate")):
+        app = steps[name]["Arguments"]["AppSpecification"]
+        assert app["ContainerEntrypoint"] == ["python3", "/opt/ml/processing/input/code/run.py", script]
+        code = next(i for i in steps[name]["Arguments"]["ProcessingInputs"] if i["InputName"] == "code")
+        assert re.fullmatch(r"s3://my-sagemaker-bucket/trainium-bert/code/[0-9a-f]{64}/steps/", code["S3Input"]["S3Uri"])
+        assert code["S3Input"]["LocalPath"] == "/opt/ml/processing/input/code"
+    assert (ROOT / "steps" / "run.py").is_file()
+    outputs = steps["Tokenize"]["Arguments"]["ProcessingOutputConfig"]["Outputs"]
+    assert [o["OutputName"] for o in outputs] == ["train", "validation", "test", "stats"]
+    assert outputs[0]["S3Output"]["S3Uri"]["Std:Join"]["Values"][2] == {"Get": "Execution.PipelineExecutionId"}
+    args = steps["Tokenize"]["Arguments"]["AppSpecification"]["ContainerArguments"]
+    assert args[args.index("--source") + 1] == {"Get": "Parameters.InputData"}
+
+
+def test_accuracy_gate_compares_the_evaluation_report_with_the_threshold(steps):
+    evaluate = steps["Evaluate"]
+    assert evaluate["PropertyFiles"] == [
+        {"FilePath": "evaluation.json", "OutputName": "evaluation", "PropertyFileName": "EvaluationReport"}
+    ]
+    (condition,) = steps["AccuracyGate"]["Arguments"]["Conditions"]
+    assert condition["Type"] == "GreaterThanOrEqualTo"
+    assert condition["LeftValue"] == {"Std:JsonGet": {
+        "Path": "metrics.accuracy.value", "PropertyFile": {"Get": "Steps.Evaluate.PropertyFiles.EvaluationReport"}}}
+    assert condition["RightValue"] == {"Get": "Parameters.AccuracyThreshold"}
+    message = steps["AccuracyTooLow"]["Arguments"]["ErrorMessage"]["Std:Join"]["Values"]
+    assert condition["LeftValue"] in message and {"Get": "Parameters.AccuracyThreshold"} in message
+
+
+def test_register_and_deploy(steps):
+    register = steps["RegisterModel"]["Arguments"]
+    assert register["ModelPackageGroupName"] == "trainium-bert"
+    assert register["ModelApprovalStatus"] == {"Get": "Parameters.ModelApprovalStatus"}
+    spec = register["InferenceSpecification"]
+    assert spec["SupportedRealtimeInferenceInstanceTypes"] == ["ml.c5.xlarge"]
+    assert spec["Containers"][0]["ModelDataUrl"] == {"Get": "Steps.Train.ModelArtifacts.S3ModelArtifacts"}
+    assert "huggingface-pytorch-inference" in spec["Containers"][0]["Image"]
+    stats = register["ModelMetrics"]["ModelQuality"]["Statistics"]
+    assert stats["S3Uri"]["Std:Join"]["Values"][-1] == "evaluation.json"
+    (approved,) = steps["ApprovedGate"]["Arguments"]["Conditions"]
+    assert approved == {"Type": "Equals", "LeftValue": {"Get": "Parameters.ModelApprovalStatus"}, "RightValue": "Approved"}
+    deploy = steps["Deploy"]
+    assert deploy["FunctionArn"] == "arn:aws:lambda:us-east-1:123456789012:function:trainium-bert-deploy"
+    assert deploy["Arguments"]["model_package_arn"] == {"Get": "Steps.RegisterModel.ModelPackageArn"}
+    assert deploy["Arguments"]["instance_type"] == "ml.c5.xlarge"
+
+
+def test_every_reference_points_to_a_parameter_an_execution_variable_or_a_step(dag, steps):
+    parameters = {p["Name"] for p in dag["Parameters"]}
+    refs = references(dag["Steps"])
+    assert refs
+    for ref in refs:
+        kind, _, rest = ref.partition(".")
+        if kind == "Parameters":
+            assert rest in parameters, ref
+        elif kind == "Execution":
+            assert rest in EXECUTION_VARIABLES, ref
+        else:
+            assert kind == "Steps", ref
+            step, _, prop = rest.partition(".")
+            assert step in steps and prop, ref
+            if prop.startswith("PropertyFiles."):
+                declared = {f["PropertyFileName"] for f in steps[step].get("PropertyFiles", [])}
+                assert prop.split(".")[1] in declared, ref
+            if prop.startswith("ProcessingOutputConfig.Outputs['"):
+                name = prop.split("'")[1]
+                outputs = steps[step]["Arguments"]["ProcessingOutputConfig"]["Outputs"]
+                assert name in [o["OutputName"] for o in outputs], ref
+
+
+def test_spot_vpc_kms_and_s3_data_source():
+    cfg = load_config(ROOT / "pipeline.yaml", [
+        "training.spot.enabled=true",
+        "aws.kms_key_id=alias/pipeline",
+        "aws.vpc={subnets: [subnet-1], security_group_ids: [sg-1]}",
+        "data.source=s3://data-bucket/polarity/",
+    ], environ={})
+    steps = flatten_steps(json.loads(definition(cfg))["Steps"])
+    train = steps["Train"]["Arguments"]
+    assert train["EnableManagedSpotTraining"] is True
+    assert train["StoppingCondition"]["MaxWaitTimeInSeconds"] == 172800
+    assert train["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1"]}
+    assert train["OutputDataConfig"]["KmsKeyId"] == "alias/pipeline"
+    tokenize = steps["Tokenize"]["Arguments"]
+    assert tokenize["NetworkConfig"]["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1"]}
+    assert tokenize["ProcessingResources"]["ClusterConfig"]["VolumeKmsKeyId"] == "alias/pipeline"
+    data = next(i for i in tokenize["ProcessingInputs"] if i["InputName"] == "data")
+    assert data["S3Input"]["S3Uri"] == {"Get": "Parameters.InputData"}
+    assert data["S3Input"]["LocalPath"] == "/opt/ml/processing/input/data"
+
+
+def test_code_hash_follows_content_only(tmp_path):
+    folder = tmp_path / "training"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('a')\n")
+    first = CodeBundle("training", folder, packed=True)
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    again = CodeBundle("training", folder, packed=True)
+    assert again.sha256 == first.sha256 and again.tarball() == first.tarball()
+    (folder / "train.py").write_text("print('b')\n")
+    changed = CodeBundle("training", folder, packed=True)
+    assert changed.sha256 != first.sha256
+    assert changed.uri("s3://b/p") == f"s3://b/p/code/{changed.sha256}/training/sourcedir.tar.gz"
