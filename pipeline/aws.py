@@ -23,9 +23,7 @@ class AwsError(RuntimeError):
 
 def _explain(error: Exception, action: str) -> str:
     if isinstance(error, NoCredentialsError):
-        return (
-            f"{action}: no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run aws configure)"
-        )
+        return f"{action}: no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run aws configure)"
     if isinstance(error, NoRegionError):
         return f"{action}: no AWS region (set aws.region or TRAINIUM_PIPELINE_REGION)"
     if isinstance(error, ClientError):
@@ -115,10 +113,7 @@ class Aws:
             )
             return [step for page in pages for step in page["PipelineExecutionSteps"]]
         except (ClientError, NotImplementedError) as e:
-            if (
-                isinstance(e, ClientError)
-                and e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 500
-            ):
+            if isinstance(e, ClientError) and e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 500:
                 raise
             return None
 

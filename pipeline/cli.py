@@ -19,8 +19,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
-errors = Console(stderr=True)
+console = Console(soft_wrap=True)
+errors = Console(stderr=True, soft_wrap=True)
 
 
 class State:
@@ -118,9 +118,7 @@ def start(
         execution = executions.wait(aws, arn, console, poll)
         status = execution["PipelineExecutionStatus"]
         if status != "Succeeded":
-            errors.print(
-                f"execution {status.lower()}: {executions.failure_reason(execution, execution['_steps'])}"
-            )
+            errors.print(f"execution {status.lower()}: {executions.failure_reason(execution, execution['_steps'])}")
             raise typer.Exit(1)
 
 

@@ -191,9 +191,7 @@ class Config(Section):
 
     @property
     def deploy_lambda_arn(self) -> str:
-        return (
-            f"arn:aws:lambda:{self.aws.region}:{self.aws.account}:function:{self.deploy.lambda_function_name}"
-        )
+        return f"arn:aws:lambda:{self.aws.region}:{self.aws.account}:function:{self.deploy.lambda_function_name}"
 
     def image(self, kind: Literal["training", "processing", "inference"]) -> str:
         return getattr(self.images, kind).replace("{region}", self.aws.region)

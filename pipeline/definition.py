@@ -48,9 +48,7 @@ def _session(cfg: Config):
     import boto3
     from sagemaker.core.workflow.pipeline_context import PipelineSession
 
-    session = PipelineSession(
-        boto_session=boto3.Session(region_name=cfg.aws.region), default_bucket=cfg.aws.bucket
-    )
+    session = PipelineSession(boto_session=boto3.Session(region_name=cfg.aws.region), default_bucket=cfg.aws.bucket)
     session._default_bucket = cfg.aws.bucket  # otherwise the SDK lists buckets to check it
     return session
 
@@ -204,8 +202,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
         step_args=processor("preprocess", cfg.tokenize).run(
             inputs=tokenize_inputs,
             outputs=[
-                s3_output(split, f"{PROCESSING}/output/{split}")
-                for split in ("train", "validation", "test", "stats")
+                s3_output(split, f"{PROCESSING}/output/{split}") for split in ("train", "validation", "test", "stats")
             ],
             arguments=tokenize_args,
         ),
@@ -249,14 +246,10 @@ def build_pipeline(cfg: Config) -> Pipeline:
             volume_kms_key_id=cfg.aws.kms_key_id,
             enable_managed_spot_training=cfg.training.spot.enabled or None,
         ),
-        networking=Networking(subnets=vpc.subnets, security_group_ids=vpc.security_group_ids)
-        if vpc
-        else None,
+        networking=Networking(subnets=vpc.subnets, security_group_ids=vpc.security_group_ids) if vpc else None,
         stopping_condition=StoppingCondition(
             max_runtime_in_seconds=cfg.training.max_runtime_seconds,
-            max_wait_time_in_seconds=cfg.training.spot.max_wait_seconds
-            if cfg.training.spot.enabled
-            else None,
+            max_wait_time_in_seconds=cfg.training.spot.max_wait_seconds if cfg.training.spot.enabled else None,
         ),
         input_data_config=[
             InputData(channel_name=split, data_source=tokenized(split)) for split in ("train", "validation")
@@ -276,9 +269,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
     model_data = train.properties.ModelArtifacts.S3ModelArtifacts
 
     # 3. Evaluate: accuracy of the trained model on the test split -> evaluation.json.
-    evaluation_report = PropertyFile(
-        name="EvaluationReport", output_name="evaluation", path="evaluation.json"
-    )
+    evaluation_report = PropertyFile(name="EvaluationReport", output_name="evaluation", path="evaluation.json")
     evaluate = ProcessingStep(
         name="Evaluate",
         step_args=processor("evaluate", cfg.evaluation).run(
@@ -301,9 +292,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
             "evaluation.json",
         ],
     )
-    accuracy = JsonGet(
-        step_name=evaluate.name, property_file=evaluation_report, json_path="metrics.accuracy.value"
-    )
+    accuracy = JsonGet(step_name=evaluate.name, property_file=evaluation_report, json_path="metrics.accuracy.value")
 
     # 5. Register the model; 6. deploy it when the registered version is Approved.
     model = ModelBuilder(

@@ -35,9 +35,7 @@ def parse_parameters(pairs: list[str], declared: list[dict]) -> list[dict[str, s
         if not sep:
             raise ParameterError(f"--param {pair!r}: expected NAME=VALUE")
         if name not in types:
-            raise ParameterError(
-                f"--param {name}: unknown parameter; expected one of {', '.join(sorted(types))}"
-            )
+            raise ParameterError(f"--param {name}: unknown parameter; expected one of {', '.join(sorted(types))}")
         caster = {
             "Integer": int,
             "Float": float,
@@ -141,9 +139,7 @@ def executions_table(aws: Aws, pipeline: str, limit: int = 20) -> Table:
 
 def parameters_table(aws: Aws, arn: str) -> Table:
     with explained(f"list parameters of {arn}"):
-        found = aws.sagemaker.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)[
-            "PipelineParameters"
-        ]
+        found = aws.sagemaker.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
     table = Table(title="parameters")
     table.add_column("name")
     table.add_column("value")

@@ -20,8 +20,13 @@ OFFLINE_ENV = {
     "SAGEMAKER_VALIDATE_ROLE": "false",
 }
 os.environ.update(OFFLINE_ENV)
-for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "TRAINIUM_PIPELINE_REGION", "TRAINIUM_PIPELINE_ROLE_ARN",
-            "TRAINIUM_PIPELINE_BUCKET"):
+for var in (
+    "AWS_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "TRAINIUM_PIPELINE_REGION",
+    "TRAINIUM_PIPELINE_ROLE_ARN",
+    "TRAINIUM_PIPELINE_BUCKET",
+):
     os.environ.pop(var, None)
 
 BLOCKED: list[object] = []

@@ -29,12 +29,16 @@ def test_shipped_config_loads_with_documented_defaults():
     ("override", "message"),
     [
         ("training.epochs=two", "training.epochs='two': expected a valid integer"),
-        ("training.instance_type=trn1.32xlarge",
-         "training.instance_type='trn1.32xlarge': expected an instance type like ml.trn1.32xlarge"),
+        (
+            "training.instance_type=trn1.32xlarge",
+            "training.instance_type='trn1.32xlarge': expected an instance type like ml.trn1.32xlarge",
+        ),
         ("aws.role_arn=MyRole", "aws.role_arn='MyRole': expected an IAM role ARN"),
         ("evaluation.accuracy_threshold=1.5", "evaluation.accuracy_threshold=1.5: expected less than or equal to 1"),
-        ("evaluation.accuracy_threshold=-0.1",
-         "evaluation.accuracy_threshold=-0.1: expected greater than or equal to 0"),
+        (
+            "evaluation.accuracy_threshold=-0.1",
+            "evaluation.accuracy_threshold=-0.1: expected greater than or equal to 0",
+        ),
         ("training.epoch=2", "training.epoch: unknown key"),
         ("registry.approval_status=Yes", "registry.approval_status='Yes': expected 'Approved'"),
         ("training.checkpoint_s3_uri=bucket/ckpt", "training.checkpoint_s3_uri='bucket/ckpt': expected an S3 URI"),
@@ -70,8 +74,9 @@ def test_environment_then_set_overrides_apply_in_that_order():
         "TRAINIUM_PIPELINE_ROLE_ARN": "arn:aws:iam::210987654321:role/Other",
         "TRAINIUM_PIPELINE_BUCKET": "env-bucket",
     }
-    cfg = load_config(SHIPPED, ["aws.bucket=set-bucket", "training.learning_rate=3e-5", "training.epochs=1"],
-                      environ=environ)
+    cfg = load_config(
+        SHIPPED, ["aws.bucket=set-bucket", "training.learning_rate=3e-5", "training.epochs=1"], environ=environ
+    )
     assert cfg.aws.region == "eu-west-1"
     assert cfg.aws.account == "210987654321"
     assert cfg.aws.bucket == "set-bucket"

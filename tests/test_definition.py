@@ -19,8 +19,15 @@ from pipeline.upsert import flatten_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "definition.json"
-EXECUTION_VARIABLES = {"PipelineExecutionId", "PipelineExecutionArn", "PipelineName", "PipelineArn",
-                       "ExecutionStartTime", "CurrentDateTime", "PipelineExecutionDisplayName"}
+EXECUTION_VARIABLES = {
+    "PipelineExecutionId",
+    "PipelineExecutionArn",
+    "PipelineName",
+    "PipelineArn",
+    "ExecutionStartTime",
+    "CurrentDateTime",
+    "PipelineExecutionDisplayName",
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +76,13 @@ def test_is_byte_identical_for_the_same_config(text):
 def test_steps_types_and_wiring(dag, steps):
     assert [s["Name"] for s in dag["Steps"]] == ["Tokenize", "Train", "Evaluate", "AccuracyGate"]
     assert {n: s["Type"] for n, s in steps.items()} == {
-        "Tokenize": "Processing", "Train": "Training", "Evaluate": "Processing", "AccuracyGate": "Condition",
-        "RegisterModel": "RegisterModel", "ApprovedGate": "Condition", "Deploy": "Lambda",
+        "Tokenize": "Processing",
+        "Train": "Training",
+        "Evaluate": "Processing",
+        "AccuracyGate": "Condition",
+        "RegisterModel": "RegisterModel",
+        "ApprovedGate": "Condition",
+        "Deploy": "Lambda",
         "AccuracyTooLow": "Fail",
     }
     gate = steps["AccuracyGate"]["Arguments"]
@@ -79,13 +91,17 @@ def test_steps_types_and_wiring(dag, steps):
     assert [s["Name"] for s in steps["ApprovedGate"]["Arguments"]["IfSteps"]] == ["Deploy"]
     assert steps["ApprovedGate"]["Arguments"]["ElseSteps"] == []
     # Data dependencies: Train reads Tokenize's outputs, Evaluate reads Train's model and Tokenize's test split.
-    train_channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
-                      for c in steps["Train"]["Arguments"]["InputDataConfig"]}
+    train_channels = {
+        c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
+        for c in steps["Train"]["Arguments"]["InputDataConfig"]
+    }
     assert train_channels == {
         split: {"Get": f"Steps.Tokenize.ProcessingOutputConfig.Outputs['{split}'].S3Output.S3Uri"}
         for split in ("train", "validation")
     }
-    evaluate_inputs = {i["InputName"]: i["S3Input"]["S3Uri"] for i in steps["Evaluate"]["Arguments"]["ProcessingInputs"]}
+    evaluate_inputs = {
+        i["InputName"]: i["S3Input"]["S3Uri"] for i in steps["Evaluate"]["Arguments"]["ProcessingInputs"]
+    }
     assert evaluate_inputs["model"] == {"Get": "Steps.Train.ModelArtifacts.S3ModelArtifacts"}
     assert evaluate_inputs["test"] == {"Get": "Steps.Tokenize.ProcessingOutputConfig.Outputs['test'].S3Output.S3Uri"}
 
@@ -115,13 +131,19 @@ def test_training_step_runs_torchrun_in_the_neuronx_container(steps):
     hps = args["HyperParameters"]
     assert hps["sagemaker_torch_distributed_enabled"] == "true"
     assert hps["sagemaker_program"] == '"train.py"'
-    assert re.fullmatch(r'"s3://my-sagemaker-bucket/trainium-bert/code/[0-9a-f]{64}/training/sourcedir.tar.gz"',
-                        hps["sagemaker_submit_directory"])
+    assert re.fullmatch(
+        r'"s3://my-sagemaker-bucket/trainium-bert/code/[0-9a-f]{64}/training/sourcedir.tar.gz"',
+        hps["sagemaker_submit_directory"],
+    )
     assert hps["epochs"] == {"Std:Join": {"On": "", "Values": [{"Get": "Parameters.Epochs"}]}}
     assert args["StoppingCondition"]["MaxRuntimeInSeconds"] == 86400
-    assert args["CheckpointConfig"] == {"LocalPath": "/opt/ml/checkpoints",
-                                        "S3Uri": "s3://my-sagemaker-bucket/trainium-bert/checkpoints"}
-    assert args["Environment"]["NEURON_COMPILE_CACHE_URL"] == "s3://my-sagemaker-bucket/trainium-bert/neuron-compile-cache"
+    assert args["CheckpointConfig"] == {
+        "LocalPath": "/opt/ml/checkpoints",
+        "S3Uri": "s3://my-sagemaker-bucket/trainium-bert/checkpoints",
+    }
+    assert (
+        args["Environment"]["NEURON_COMPILE_CACHE_URL"] == "s3://my-sagemaker-bucket/trainium-bert/neuron-compile-cache"
+    )
     metrics = {m["Name"]: m["Regex"] for m in args["AlgorithmSpecification"]["MetricDefinitions"]}
     line = "step=200 epoch=0 loss=0.3125 samples_per_sec=812.5 lr=4.5e-05"
     assert re.search(metrics["train:loss"], line).group(1) == "0.3125"
@@ -137,7 +159,9 @@ def test_processing_steps_run_the_step_scripts_from_hashed_code(steps):
         app = steps[name]["Arguments"]["AppSpecification"]
         assert app["ContainerEntrypoint"] == ["python3", "/opt/ml/processing/input/code/run.py", script]
         code = next(i for i in steps[name]["Arguments"]["ProcessingInputs"] if i["InputName"] == "code")
-        assert re.fullmatch(r"s3://my-sagemaker-bucket/trainium-bert/code/[0-9a-f]{64}/steps/", code["S3Input"]["S3Uri"])
+        assert re.fullmatch(
+            r"s3://my-sagemaker-bucket/trainium-bert/code/[0-9a-f]{64}/steps/", code["S3Input"]["S3Uri"]
+        )
         assert code["S3Input"]["LocalPath"] == "/opt/ml/processing/input/code"
     assert (ROOT / "steps" / "run.py").is_file()
     outputs = steps["Tokenize"]["Arguments"]["ProcessingOutputConfig"]["Outputs"]
@@ -154,8 +178,12 @@ def test_accuracy_gate_compares_the_evaluation_report_with_the_threshold(steps):
     ]
     (condition,) = steps["AccuracyGate"]["Arguments"]["Conditions"]
     assert condition["Type"] == "GreaterThanOrEqualTo"
-    assert condition["LeftValue"] == {"Std:JsonGet": {
-        "Path": "metrics.accuracy.value", "PropertyFile": {"Get": "Steps.Evaluate.PropertyFiles.EvaluationReport"}}}
+    assert condition["LeftValue"] == {
+        "Std:JsonGet": {
+            "Path": "metrics.accuracy.value",
+            "PropertyFile": {"Get": "Steps.Evaluate.PropertyFiles.EvaluationReport"},
+        }
+    }
     assert condition["RightValue"] == {"Get": "Parameters.AccuracyThreshold"}
     message = steps["AccuracyTooLow"]["Arguments"]["ErrorMessage"]["Std:Join"]["Values"]
     assert condition["LeftValue"] in message and {"Get": "Parameters.AccuracyThreshold"} in message
@@ -172,7 +200,11 @@ def test_register_and_deploy(steps):
     stats = register["ModelMetrics"]["ModelQuality"]["Statistics"]
     assert stats["S3Uri"]["Std:Join"]["Values"][-1] == "evaluation.json"
     (approved,) = steps["ApprovedGate"]["Arguments"]["Conditions"]
-    assert approved == {"Type": "Equals", "LeftValue": {"Get": "Parameters.ModelApprovalStatus"}, "RightValue": "Approved"}
+    assert approved == {
+        "Type": "Equals",
+        "LeftValue": {"Get": "Parameters.ModelApprovalStatus"},
+        "RightValue": "Approved",
+    }
     deploy = steps["Deploy"]
     assert deploy["FunctionArn"] == "arn:aws:lambda:us-east-1:123456789012:function:trainium-bert-deploy"
     assert deploy["Arguments"]["model_package_arn"] == {"Get": "Steps.RegisterModel.ModelPackageArn"}
@@ -203,12 +235,16 @@ def test_every_reference_points_to_a_parameter_an_execution_variable_or_a_step(d
 
 
 def test_spot_vpc_kms_and_s3_data_source():
-    cfg = load_config(ROOT / "pipeline.yaml", [
-        "training.spot.enabled=true",
-        "aws.kms_key_id=alias/pipeline",
-        "aws.vpc={subnets: [subnet-1], security_group_ids: [sg-1]}",
-        "data.source=s3://data-bucket/polarity/",
-    ], environ={})
+    cfg = load_config(
+        ROOT / "pipeline.yaml",
+        [
+            "training.spot.enabled=true",
+            "aws.kms_key_id=alias/pipeline",
+            "aws.vpc={subnets: [subnet-1], security_group_ids: [sg-1]}",
+            "data.source=s3://data-bucket/polarity/",
+        ],
+        environ={},
+    )
     steps = flatten_steps(json.loads(definition(cfg))["Steps"])
     train = steps["Train"]["Arguments"]
     assert train["EnableManagedSpotTraining"] is True

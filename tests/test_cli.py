@@ -1,0 +1,189 @@
+"""The CLI against moto: in-process for the commands, `moto_server` on 127.0.0.1 for the real console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+from moto.server import ThreadedMotoServer
+
+from pipeline.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+BUCKET = "test-pipeline-bucket"
+SETS = ["--set", f"aws.bucket={BUCKET}"]
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Run the CLI in-process; return (exit code, stdout, stderr)."""
+    argv = sys.argv
+    sys.argv = ["trainium-pipeline", "--config", str(ROOT / "pipeline.yaml"), *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def aws(no_network):
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket=BUCKET)
+        yield {"s3": s3, "sagemaker": boto3.client("sagemaker", region_name="us-east-1")}
+
+
+def code_keys(s3) -> list[str]:
+    found = s3.list_objects_v2(Bucket=BUCKET, Prefix="trainium-bert/code/").get("Contents", [])
+    return sorted(o["Key"] for o in found)
+
+
+def test_upsert_creates_then_updates_and_uploads_code_once(aws, capsys):
+    code, out, err = cli(capsys, *SETS, "upsert")
+    assert code == 0, err
+    assert "pipeline trainium-bert created" in out
+    keys = code_keys(aws["s3"])
+    assert any(k.endswith("/training/sourcedir.tar.gz") for k in keys)
+    assert any(k.endswith("/steps/run.py") for k in keys)
+    uploaded = int(out.split("code: ")[1].split(" ")[0])
+    assert uploaded == len(keys)
+    deployed = json.loads(aws["sagemaker"].describe_pipeline(PipelineName="trainium-bert")["PipelineDefinition"])
+    assert {s["Name"] for s in deployed["Steps"]} == {"Tokenize", "Train", "Evaluate", "AccuracyGate"}
+    tags = aws["sagemaker"].list_tags(
+        ResourceArn=aws["sagemaker"].describe_pipeline(PipelineName="trainium-bert")["PipelineArn"]
+    )["Tags"]
+    assert {"Key": "project", "Value": "trainium-bert"} in tags
+
+    code, out, err = cli(capsys, *SETS, "upsert")
+    assert code == 0, err
+    assert "pipeline trainium-bert updated" in out
+    assert "code: 0 object(s) uploaded" in out and "no step changed" in out
+    assert code_keys(aws["s3"]) == keys
+
+    code, out, err = cli(capsys, *SETS, "--set", "training.log_interval=10", "upsert")
+    assert code == 0, err
+    assert "steps changed: Train" in out and "Tokenize" not in out
+    assert code_keys(aws["s3"]) == keys
+
+
+def test_start_passes_parameters_and_status_reads_them_back(aws, capsys):
+    assert cli(capsys, *SETS, "upsert")[0] == 0
+    code, out, err = cli(capsys, *SETS, "start", "--param", "Epochs=3", "--param", "ModelApprovalStatus=Approved")
+    assert code == 0, err
+    arn = out.split("started ")[1].split()[0]
+    params = aws["sagemaker"].list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+    assert {"Name": "Epochs", "Value": "3"} in params
+    assert {"Name": "ModelApprovalStatus", "Value": "Approved"} in params
+
+    code, out, err = cli(capsys, *SETS, "status")
+    assert code == 0, err
+    assert arn.rsplit("/", 1)[-1] in out
+    assert "Epochs" in out and "Approved" in out
+
+    code, out, err = cli(capsys, *SETS, "status", arn.rsplit("/", 1)[-1])
+    assert code == 0, err
+    assert "ModelApprovalStatus" in out
+
+    code, out, err = cli(capsys, *SETS, "executions")
+    assert code == 0, err
+    assert arn.rsplit("/", 1)[-1] in out
+
+
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        ("Epochs=three", "--param Epochs='three': expected a Integer"),
+        ("Epoch=3", "--param Epoch: unknown parameter; expected one of AccuracyThreshold"),
+        ("Epochs", "expected NAME=VALUE"),
+    ],
+)
+def test_start_rejects_bad_parameters_before_calling_aws(aws, capsys, param, message):
+    code, out, err = cli(capsys, *SETS, "start", "--param", param)
+    assert code == 1
+    assert message in err
+    assert "Traceback" not in err
+    assert aws["sagemaker"].list_pipelines()["PipelineSummaries"] == []
+
+
+def test_config_error_exits_non_zero_with_one_line(capsys):
+    code, out, err = cli(capsys, "--set", "training.instance_type=p4d.24xlarge", "definition")
+    assert code == 2
+    assert err.strip() == (
+        "config error: training.instance_type='p4d.24xlarge': expected an instance type like ml.trn1.32xlarge"
+    )
+    assert out == ""
+
+
+def test_missing_bucket_is_one_clear_line(no_network, capsys):
+    with mock_aws():
+        code, out, err = cli(capsys, "--set", "aws.bucket=no-such-bucket-here", "upsert")
+    assert code == 1
+    assert "NoSuchBucket" in err and "check aws.bucket" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_credentials_is_one_clear_line(monkeypatch, tmp_path, capsys):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    code, out, err = cli(capsys, *SETS, "executions")
+    assert code == 1
+    assert "no AWS credentials found" in err and "Traceback" not in err
+
+
+def test_status_without_executions(aws, capsys):
+    assert cli(capsys, *SETS, "upsert")[0] == 0
+    code, out, err = cli(capsys, *SETS, "status")
+    assert code == 1
+    assert "has no executions yet" in err
+
+
+def test_definition_writes_file(tmp_path, capsys):
+    target = tmp_path / "definition.json"
+    code, out, err = cli(capsys, "definition", "--out", str(target))
+    assert code == 0, err
+    assert json.loads(target.read_text())["Version"] == "2020-12-01"
+
+
+@pytest.fixture
+def moto_server():
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def test_console_script_against_moto_server(moto_server, tmp_path):
+    env = {**os.environ, "AWS_ENDPOINT_URL": moto_server, "TRAINIUM_PIPELINE_BUCKET": BUCKET}
+    boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    exe = Path(sys.executable).parent / "trainium-pipeline"
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "pipeline"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*command, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+
+    upsert = run("upsert")
+    assert upsert.returncode == 0, upsert.stderr
+    assert "created" in upsert.stdout
+    start = run("start", "--param", "Epochs=1", "--wait", "--poll", "0.2")
+    assert start.returncode == 0, start.stderr
+    assert "Succeeded" in start.stdout
+    arn = start.stdout.split("started ")[1].split()[0]
+    sagemaker = boto3.client("sagemaker", endpoint_url=moto_server, region_name="us-east-1")
+    params = sagemaker.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+    assert {"Name": "Epochs", "Value": "1"} in params
+    bad = run("--set", "evaluation.accuracy_threshold=2", "definition")
+    assert bad.returncode == 2
+    assert "evaluation.accuracy_threshold=2: expected less than or equal to 1" in bad.stderr
