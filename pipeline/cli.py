@@ -33,6 +33,9 @@ class State:
 
 state = State()
 
+LOCAL = Annotated[bool, typer.Option("--local", help="Use the local runner, registry and endpoint (no AWS).")]
+ROOT = Annotated[Path | None, typer.Option(help="Folder of local S3, registry, executions (default local.root).")]
+
 
 @app.callback()
 def _options(
@@ -125,10 +128,17 @@ def start(
 @app.command()
 def status(
     execution: Annotated[str | None, typer.Argument(help="Execution id or ARN (default: latest).")] = None,
+    local: LOCAL = False,
+    root: ROOT = None,
 ) -> None:
     """Steps, times and statuses of the latest (or given) execution, and its parameters."""
     from pipeline import executions
 
+    if local:
+        from pipeline.local.summary import local_status
+
+        local_status(_local(root), execution, console)
+        return
     cfg = state.config()
     aws = Aws(cfg.aws.region)
     arn = _execution_arn(cfg, aws, execution)
@@ -138,23 +148,171 @@ def status(
 
 
 @app.command("executions")
-def list_executions(limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20) -> None:
+def list_executions(
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20, local: LOCAL = False, root: ROOT = None
+) -> None:
     """The pipeline's executions, newest first."""
     from pipeline import executions
 
+    if local:
+        from pipeline.local.summary import local_executions
+
+        console.print(local_executions(_local(root), limit))
+        return
     cfg = state.config()
     console.print(executions.executions_table(Aws(cfg.aws.region), cfg.pipeline.name, limit))
+
+
+def _params(pairs: list[str] | None) -> dict[str, str]:
+    from pipeline.executions import ParameterError
+
+    parsed = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ParameterError(f"--param {pair!r}: expected NAME=VALUE")
+        parsed[name] = value
+    return parsed
+
+
+def _local(root: Path | None):
+    from pipeline.local.session import LocalAccount
+
+    cfg = state.config()
+    return LocalAccount(cfg, root)
+
+
+@app.command()
+def run(
+    local: LOCAL = False,
+    param: Annotated[
+        list[str] | None, typer.Option("--param", "-p", help="Pipeline parameter NAME=VALUE (repeatable).")
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every step, reusing nothing.")] = False,
+    root: ROOT = None,
+) -> None:
+    """Run the whole pipeline: `--local` on this machine from the same definition, else upsert + start --wait."""
+    if not local:
+        upsert()
+        start(param=param, wait=True, poll=30.0)
+        return
+    from pipeline.local.summary import print_summary
+
+    account = _local(root)
+    execution = account.run(_params(param), use_cache=not no_cache, console=console)
+    print_summary(account, execution, console)
+    if execution.status != "Succeeded":
+        raise typer.Exit(1)
+
+
+@app.command()
+def serve(
+    version: Annotated[int | None, typer.Option(help="Model version (default: latest Approved).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default local.port).")] = None,
+    root: ROOT = None,
+) -> None:
+    """Serve a registered model version on 127.0.0.1 in the foreground (Ctrl-C stops)."""
+    from pipeline.local.endpoint import serve_forever
+
+    account = _local(root)
+    chosen = (
+        account.registry.get(account.group, version) if version else account.registry.latest_approved(account.group)
+    )
+    if chosen is None:
+        raise typer.BadParameter("no Approved model version in the local registry; run `run --local` first")
+    serve_forever(
+        Path(chosen.model_data),
+        account.cfg.deploy.endpoint_name,
+        port or account.cfg.local.port,
+        version=str(chosen.version),
+    )
+
+
+models_app = typer.Typer(help="Model versions in the registry: list, describe, approve, reject.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+def _local_only(local: bool) -> None:
+    if not local:
+        raise typer.BadParameter("the SageMaker Model Registry commands are not implemented yet; use --local")
+
+
+@models_app.command("list")
+def models_list(
+    local: LOCAL = False,
+    status_filter: Annotated[str | None, typer.Option("--status", help="Only versions with this status.")] = None,
+    root: ROOT = None,
+) -> None:
+    """Versions, newest first: status, accuracy, created."""
+    from rich.table import Table
+
+    _local_only(local)
+    account = _local(root)
+    table = Table(title=f"model package group {account.group}")
+    for column in ("version", "status", "accuracy", "created", "note"):
+        table.add_column(column)
+    for v in account.registry.list(account.group, status=status_filter):
+        accuracy = f"{v.accuracy:.4f}" if v.accuracy is not None else "-"
+        table.add_row(str(v.version), v.status, accuracy, v.created, v.note)
+    console.print(table)
+
+
+@models_app.command("describe")
+def models_describe(version: int, local: LOCAL = False, root: ROOT = None) -> None:
+    """The full description of a version (as DescribeModelPackage returns it)."""
+    _local_only(local)
+    account = _local(root)
+    console.print_json(json.dumps(account.registry.get(account.group, version).describe(), default=str))
+
+
+def _set_status(version: int, status: str, note: str, local: bool, root: Path | None) -> None:
+    _local_only(local)
+    account = _local(root)
+    changed = account.registry.set_status(account.group, version, status, note)
+    console.print(f"model version {changed.version}: {changed.status}")
+    if status == "Approved":
+        result = account.deploy(changed)
+        console.print(f"endpoint {account.cfg.deploy.endpoint_name} {result['action']}: {result['url']}")
+
+
+@models_app.command("approve")
+def models_approve(
+    version: int,
+    note: Annotated[str, typer.Option(help="Approval note.")] = "",
+    local: LOCAL = False,
+    root: ROOT = None,
+) -> None:
+    """Approve a version; locally this deploys it to the local endpoint, as approval in Studio does on AWS."""
+    _set_status(version, "Approved", note, local, root)
+
+
+@models_app.command("reject")
+def models_reject(
+    version: int,
+    note: Annotated[str, typer.Option(help="Rejection note.")] = "",
+    local: LOCAL = False,
+    root: ROOT = None,
+) -> None:
+    """Reject a version."""
+    _set_status(version, "Rejected", note, local, root)
 
 
 def main() -> None:
     """Entry point: expected errors print one line and exit 2 (config) or 1 (AWS, parameters)."""
     from pipeline.executions import ParameterError
+    from pipeline.local.expressions import ExpressionError
+    from pipeline.local.registry import ModelNotFoundError
+    from pipeline.local.runner import ExecutionNotFound
+    from pipeline.local.runner import ParameterError as LocalParameterError
+    from pipeline.local.session import DeployRefused
+
+    local_errors = (ExpressionError, ModelNotFoundError, LocalParameterError, DeployRefused, ExecutionNotFound)
 
     try:
         app()
     except ConfigError as e:
         errors.print(f"config error: {e}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
-    except (AwsError, ParameterError) as e:
+    except (AwsError, ParameterError, *local_errors) as e:
         errors.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)

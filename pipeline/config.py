@@ -164,6 +164,24 @@ class Deploy(Section):
     data_capture_s3_uri: str | None = Field(default=None, pattern=S3_URI)
 
 
+class Local(Section):
+    """The local profile used by `run --local`: what replaces AWS-sized values on a laptop."""
+
+    root: str = ".local"
+    processes: int = Field(default=2, ge=1, le=64)
+    model_id: str | None = None
+    data_source: str = "sample:3000"
+    epochs: int = Field(default=1, ge=1)
+    max_steps: int = Field(default=-1, ge=-1)
+    batch_size: int = Field(default=16, ge=1)
+    max_length: int = Field(default=128, ge=8, le=512)
+    learning_rate: float = Field(default=1e-4, gt=0, lt=1)
+    log_interval: int = Field(default=10, ge=1)
+    accuracy_threshold: float = Field(default=0.7, ge=0, le=1)
+    approval_status: Literal[APPROVAL_STATUSES] = "Approved"  # type: ignore[valid-type]
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
 class Config(Section):
     """Everything a user changes, one section per concern."""
 
@@ -176,6 +194,7 @@ class Config(Section):
     evaluation: Evaluation
     registry: Registry = Registry()
     deploy: Deploy
+    local: Local = Local()
 
     @property
     def s3_root(self) -> str:

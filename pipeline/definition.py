@@ -184,6 +184,10 @@ def build_pipeline(cfg: Config) -> Pipeline:
     tokenize_args = [
         "--source",
         input_data,
+        "--input-dir",
+        f"{PROCESSING}/input/data",
+        "--output-dir",
+        f"{PROCESSING}/output",
         "--model-id",
         cfg.training.model_id,
         "--max-length",
@@ -257,7 +261,10 @@ def build_pipeline(cfg: Config) -> Pipeline:
         output_data_config=OutputDataConfig(
             s3_output_path=Join(on="/", values=[*run_prefix, "model"]), kms_key_id=cfg.aws.kms_key_id
         ),
-        checkpoint_config=CheckpointConfig(s3_uri=cfg.checkpoint_s3_uri, local_path="/opt/ml/checkpoints"),
+        checkpoint_config=CheckpointConfig(
+            s3_uri=Join(on="/", values=[cfg.checkpoint_s3_uri, ExecutionVariables.PIPELINE_EXECUTION_ID]),
+            local_path="/opt/ml/checkpoints",
+        ),
         environment={
             "NEURON_COMPILE_CACHE_URL": cfg.compile_cache_s3_uri,
             "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -279,7 +286,14 @@ def build_pipeline(cfg: Config) -> Pipeline:
                 s3_input("test", tokenized("test"), f"{PROCESSING}/test"),
             ],
             outputs=[s3_output("evaluation", f"{PROCESSING}/evaluation")],
-            arguments=[],
+            arguments=[
+                "--model-dir",
+                f"{PROCESSING}/model",
+                "--test-dir",
+                f"{PROCESSING}/test",
+                "--output-dir",
+                f"{PROCESSING}/evaluation",
+            ],
         ),
         property_files=[evaluation_report],
         cache_config=cache,

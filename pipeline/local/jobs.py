@@ -1,0 +1,158 @@
+"""Run processing and training jobs on this machine under the SageMaker container contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import IO
+
+from pipeline.local.storage import LocalS3
+
+PROCESSING = "/opt/ml/processing"
+TRAINING_MODULE = "sagemaker_pytorch_container.training:main"
+
+
+class StepFailed(RuntimeError):
+    """A job ended in failure; the message is the reason SageMaker would show."""
+
+
+def run_logged(command: list[str], env: dict[str, str], log: IO[str], cwd: Path) -> None:
+    """Run `command` with its output in `log`; on Ctrl-C stop its whole process group, then re-raise."""
+    log.write(f"$ {' '.join(command)}\n")
+    log.flush()
+    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        code = process.wait()
+    except KeyboardInterrupt:
+        _stop(process)
+        raise
+    if code != 0:
+        raise StepFailed(f"exit code {code}: {last_error_line(Path(log.name))}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=wait)
+            return
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
+
+
+def last_error_line(log: Path) -> str:
+    """The most telling line of a failed job's log: the last line that looks like an error, else the last line."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error:" in line or line.startswith("FAILED"):
+            return line[:500]
+    return lines[-1][:500] if lines else "no output"
+
+
+def _environment(extra: dict[str, str]) -> dict[str, str]:
+    env = {**os.environ, **extra}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_processing(name: str, args: dict, workdir: Path, s3: LocalS3, log: IO[str]) -> dict:
+    """A ProcessingStep: stage inputs, run the entry point with `/opt/ml/processing` rooted in `workdir`, upload."""
+    root = workdir / "processing"
+
+    def local(value: str) -> str:
+        if isinstance(value, str) and (value == PROCESSING or value.startswith(PROCESSING + "/")):
+            return str(root / value[len(PROCESSING) :].lstrip("/"))
+        return value
+
+    for item in args.get("ProcessingInputs", []):
+        if "S3Input" not in item:
+            raise StepFailed(f"input {item.get('InputName')}: only S3 inputs are supported locally")
+        s3.download(item["S3Input"]["S3Uri"], Path(local(item["S3Input"]["LocalPath"])))
+    outputs = args.get("ProcessingOutputConfig", {}).get("Outputs", [])
+    for item in outputs:
+        Path(local(item["S3Output"]["LocalPath"])).mkdir(parents=True, exist_ok=True)
+    app = args["AppSpecification"]
+    entrypoint = [
+        sys.executable if part in ("python", "python3") else local(part) for part in app["ContainerEntrypoint"]
+    ]
+    command = entrypoint + [local(str(a)) for a in app.get("ContainerArguments", [])]
+    run_logged(command, _environment(args.get("Environment", {})), log, workdir)
+    properties: dict = {"ProcessingJobName": name, "ProcessingJobStatus": "Completed", "ProcessingOutputConfig": {}}
+    properties["ProcessingOutputConfig"]["Outputs"] = {}
+    for item in outputs:
+        s3.upload(Path(local(item["S3Output"]["LocalPath"])), item["S3Output"]["S3Uri"])
+        properties["ProcessingOutputConfig"]["Outputs"][item["OutputName"]] = item
+    return properties
+
+
+def _tar(folder: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(target, "w:gz") as tar:
+        for path in sorted(folder.rglob("*")):
+            tar.add(path, arcname=path.relative_to(folder).as_posix(), recursive=False)
+
+
+def run_training(name: str, args: dict, workdir: Path, s3: LocalS3, log: IO[str], processes: int) -> dict:
+    """A TrainingStep, launched by the real SageMaker training toolkit with SAGEMAKER_BASE_DIR as /opt/ml."""
+    base = workdir / "opt_ml"
+    config = base / "input" / "config"
+    for folder in (config, base / "model", base / "output" / "data", base / "code", base / "checkpoints"):
+        folder.mkdir(parents=True, exist_ok=True)
+    hyperparameters = {k: str(v) for k, v in args.get("HyperParameters", {}).items()}
+    submit = json.loads(hyperparameters.get("sagemaker_submit_directory", '""'))
+    if submit.startswith("s3://"):
+        hyperparameters["sagemaker_submit_directory"] = json.dumps(str(s3.path(submit)))
+    hyperparameters["sagemaker_mpi_num_of_processes_per_host"] = str(processes)
+    channels = {}
+    for channel in args.get("InputDataConfig", []):
+        source = channel["DataSource"]["S3DataSource"]["S3Uri"]
+        s3.download(source, base / "input" / "data" / channel["ChannelName"])
+        channels[channel["ChannelName"]] = {
+            "TrainingInputMode": args["AlgorithmSpecification"].get("TrainingInputMode", "File"),
+            "S3DistributionType": channel["DataSource"]["S3DataSource"].get(
+                "S3DataDistributionType", "FullyReplicated"
+            ),
+            "RecordWrapperType": "None",
+        }
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters, indent=2))
+    (config / "inputdataconfig.json").write_text(json.dumps(channels, indent=2))
+    (config / "resourceconfig.json").write_text(
+        json.dumps(
+            {
+                "current_host": "algo-1",
+                "hosts": ["algo-1"],
+                "current_instance_type": "local",
+                "network_interface_name": "lo",
+            }
+        )
+    )
+    checkpoint_uri = args.get("CheckpointConfig", {}).get("S3Uri")
+    if checkpoint_uri and s3.path(checkpoint_uri).exists():
+        s3.download(checkpoint_uri, base / "checkpoints")
+    env = _environment(args.get("Environment", {}))
+    env.update(SAGEMAKER_BASE_DIR=str(base), SAGEMAKER_TRAINING_MODULE=TRAINING_MODULE, SM_STUDIO_LOCAL_MODE="true")
+    try:
+        run_logged([str(Path(sys.executable).parent / "train")], env, log, workdir)
+    except StepFailed as failure:
+        reason = base / "output" / "failure"
+        detail = reason.read_text(errors="replace").strip().splitlines() if reason.exists() else []
+        raise StepFailed(detail[0][:500] if detail else str(failure)) from None
+    finally:
+        if checkpoint_uri:
+            s3.upload(base / "checkpoints", checkpoint_uri)
+    output = args["OutputDataConfig"]["S3OutputPath"].rstrip("/") + f"/{name}/output"
+    _tar(base / "model", s3.path(output + "/model.tar.gz"))
+    _tar(base / "output" / "data", s3.path(output + "/output.tar.gz"))
+    return {
+        "TrainingJobName": name,
+        "TrainingJobStatus": "Completed",
+        "ModelArtifacts": {"S3ModelArtifacts": output + "/model.tar.gz"},
+        "OutputDataConfig": args["OutputDataConfig"],
+        "HyperParameters": args.get("HyperParameters", {}),
+    }
