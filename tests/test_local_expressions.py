@@ -1,0 +1,155 @@
+"""The local runner's interpretation of definition expressions and conditions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.local.expressions import Context, ExpressionError, condition, evaluate, json_file_loader, property_path
+from pipeline.local.runner import ParameterError, StepGraph, resolve_parameters
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    report = tmp_path / "evaluation.json"
+    report.write_text(json.dumps({"metrics": {"accuracy": {"value": 0.875}}, "classes": [{"f1": 0.5}]}))
+    return Context(
+        parameters={"Epochs": 3, "Threshold": 0.8, "Status": "Approved", "Name": "bert"},
+        execution={"PipelineExecutionId": "abc123"},
+        properties={"Tokenize": {"ProcessingOutputConfig": {"Outputs": {"test": {"S3Output": {"S3Uri": "s3://b/t"}}}}}},
+        property_files={("Evaluate", "Report"): json_file_loader(report)},
+    )
+
+
+def json_get(path: str) -> dict:
+    return {"Std:JsonGet": {"PropertyFile": {"Get": "Steps.Evaluate.PropertyFiles.Report"}, "Path": path}}
+
+
+def test_get_parameters_execution_variables_and_step_properties(ctx):
+    assert evaluate({"Get": "Parameters.Epochs"}, ctx, "s") == 3
+    assert evaluate({"Get": "Execution.PipelineExecutionId"}, ctx, "s") == "abc123"
+    reference = {"Get": "Steps.Tokenize.ProcessingOutputConfig.Outputs['test'].S3Output.S3Uri"}
+    assert evaluate({"a": [reference]}, ctx, "s") == {"a": ["s3://b/t"]}
+
+
+def test_join_stringifies_like_the_service(ctx):
+    join = {
+        "Std:Join": {
+            "On": "/",
+            "Values": ["s3://b", {"Get": "Execution.PipelineExecutionId"}, {"Get": "Parameters.Epochs"}],
+        }
+    }
+    assert evaluate(join, ctx, "s") == "s3://b/abc123/3"
+    assert evaluate({"Std:Join": {"On": "", "Values": [{"Get": "Parameters.Threshold"}]}}, ctx, "s") == "0.8"
+    assert evaluate({"Std:Join": {"On": " ", "Values": [True, 1]}}, ctx, "s") == "true 1"
+
+
+def test_json_get_reads_the_property_file(ctx):
+    assert evaluate(json_get("metrics.accuracy.value"), ctx, "s") == 0.875
+    assert evaluate(json_get("classes[0].f1"), ctx, "s") == 0.5
+    with pytest.raises(ExpressionError, match="no value at 'precision'"):
+        evaluate(json_get("metrics.precision.value"), ctx, "s")
+
+
+@pytest.mark.parametrize(
+    ("cond", "expected"),
+    [
+        ({"Type": "Equals", "LeftValue": {"Get": "Parameters.Status"}, "RightValue": "Approved"}, True),
+        ({"Type": "Equals", "LeftValue": {"Get": "Parameters.Status"}, "RightValue": "Rejected"}, False),
+        ({"Type": "GreaterThan", "LeftValue": json_get("metrics.accuracy.value"), "RightValue": 0.875}, False),
+        (
+            {
+                "Type": "GreaterThanOrEqualTo",
+                "LeftValue": json_get("metrics.accuracy.value"),
+                "RightValue": {"Get": "Parameters.Threshold"},
+            },
+            True,
+        ),
+        ({"Type": "LessThan", "LeftValue": {"Get": "Parameters.Epochs"}, "RightValue": 4}, True),
+        ({"Type": "LessThanOrEqualTo", "LeftValue": {"Get": "Parameters.Epochs"}, "RightValue": 2}, False),
+        ({"Type": "In", "QueryValue": {"Get": "Parameters.Name"}, "Values": ["roberta", "bert"]}, True),
+        ({"Type": "Not", "Expression": {"Type": "Equals", "LeftValue": 1, "RightValue": 1}}, False),
+        (
+            {
+                "Type": "Or",
+                "Conditions": [
+                    {"Type": "Equals", "LeftValue": 1, "RightValue": 2},
+                    {"Type": "LessThan", "LeftValue": 1, "RightValue": 2},
+                ],
+            },
+            True,
+        ),
+        ({"Type": "GreaterThanOrEqualTo", "LeftValue": "0.9", "RightValue": 0.85}, True),
+    ],
+)
+def test_every_condition_type(ctx, cond, expected):
+    assert condition(cond, ctx, "step Gate") is expected
+
+
+def test_unsupported_expressions_name_the_step_and_the_expression(ctx):
+    with pytest.raises(ExpressionError, match=r"step Train: unsupported expression Std:Concat"):
+        evaluate({"Std:Concat": ["a"]}, ctx, "step Train")
+    with pytest.raises(ExpressionError, match=r"step Gate: unsupported condition type 'Between'"):
+        condition({"Type": "Between"}, ctx, "step Gate")
+    with pytest.raises(ExpressionError, match=r"step X: unknown parameter in \{'Get': 'Parameters.Nope'\}"):
+        evaluate({"Get": "Parameters.Nope"}, ctx, "step X")
+    with pytest.raises(ExpressionError, match="unsupported execution variable"):
+        evaluate({"Get": "Execution.Unknown"}, ctx, "step X")
+    with pytest.raises(ExpressionError, match="step Train has no properties yet"):
+        evaluate({"Get": "Steps.Train.ModelArtifacts.S3ModelArtifacts"}, ctx, "step X")
+
+
+def test_property_paths():
+    assert property_path("ProcessingOutputConfig.Outputs['test'].S3Output.S3Uri") == [
+        "ProcessingOutputConfig",
+        "Outputs",
+        "test",
+        "S3Output",
+        "S3Uri",
+    ]
+    assert property_path('a["b c"][2].d') == ["a", "b c", 2, "d"]
+    with pytest.raises(ValueError):
+        property_path("a..b")
+
+
+def test_parameters_are_cast_to_their_declared_types():
+    declared = [
+        {"Name": "Epochs", "Type": "Integer", "DefaultValue": 2},
+        {"Name": "Rate", "Type": "Float", "DefaultValue": 0.1},
+        {"Name": "Flag", "Type": "Boolean", "DefaultValue": False},
+        {"Name": "Name", "Type": "String", "DefaultValue": "x"},
+    ]
+    assert resolve_parameters(declared, {"Epochs": "5", "Rate": "1e-3", "Flag": "true"}) == {
+        "Epochs": 5,
+        "Rate": 0.001,
+        "Flag": True,
+        "Name": "x",
+    }
+    with pytest.raises(ParameterError, match="parameter Epochs='five': expected a Integer"):
+        resolve_parameters(declared, {"Epochs": "five"})
+    with pytest.raises(ParameterError, match="unknown parameter Epoch; expected one of"):
+        resolve_parameters(declared, {"Epoch": "1"})
+
+
+def test_graph_orders_by_data_dependencies_and_depends_on():
+    definition = {
+        "Steps": [
+            {"Name": "C", "Type": "Fail", "Arguments": {"ErrorMessage": {"Get": "Steps.B.X"}}},
+            {"Name": "B", "Type": "Processing", "Arguments": {"x": {"Get": "Steps.A.Y"}}},
+            {"Name": "A", "Type": "Processing", "Arguments": {}, "DependsOn": ["D"]},
+            {"Name": "D", "Type": "Processing", "Arguments": {}},
+        ]
+    }
+    assert StepGraph(definition).order == ["D", "A", "B", "C"]
+    with pytest.raises(ExpressionError, match="circular dependency"):
+        StepGraph(
+            {
+                "Steps": [
+                    {"Name": "A", "Type": "Processing", "DependsOn": ["B"]},
+                    {"Name": "B", "Type": "Processing", "DependsOn": ["A"]},
+                ]
+            }
+        )
+    with pytest.raises(ExpressionError, match="step A: depends on unknown step Z"):
+        StepGraph({"Steps": [{"Name": "A", "Type": "Processing", "Arguments": {"x": {"Get": "Steps.Z.Y"}}}]})

@@ -1,0 +1,205 @@
+"""The local runner on small hand-written definitions: order, branches, caching, failures, records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.local.runner import Execution, LocalRunner
+from pipeline.local.storage import LocalS3
+
+JOB = """
+import sys, pathlib
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+runs = pathlib.Path(args["--runs"])
+runs.write_text(runs.read_text() + args["--name"] + "\\n" if runs.exists() else args["--name"] + "\\n")
+if args.get("--fail") == "yes":
+    print("preparing"); print("ValueError: the input is broken", file=sys.stderr); sys.exit(3)
+data = pathlib.Path("/opt/ml/processing/input/data".replace("/opt/ml/processing", args["--root"]))
+text = (data / "result.txt").read_text() if (data / "result.txt").exists() else ""
+out = pathlib.Path(args["--out"])
+(out / "result.txt").write_text(text + args["--name"] + args.get("--value", "") + ";")
+(out / "report.json").write_text('{"metrics": {"score": {"value": %s}}}' % args.get("--score", "0.5"))
+"""
+
+
+def processing(name: str, data=None, extra=(), cache=True) -> dict:
+    root = "/opt/ml/processing"
+    inputs = [{"InputName": "code", "S3Input": {"S3Uri": "s3://bucket/code/", "LocalPath": f"{root}/input/code"}}]
+    if data is not None:
+        inputs.append({"InputName": "data", "S3Input": {"S3Uri": data, "LocalPath": f"{root}/input/data"}})
+    step = {
+        "Name": name,
+        "Type": "Processing",
+        "Arguments": {
+            "AppSpecification": {
+                "ContainerEntrypoint": ["python3", f"{root}/input/code/job.py"],
+                "ContainerArguments": [
+                    "--name",
+                    name,
+                    "--runs",
+                    "RUNS",
+                    "--root",
+                    root,
+                    "--out",
+                    f"{root}/output",
+                    *extra,
+                ],
+            },
+            "ProcessingInputs": inputs,
+            "ProcessingOutputConfig": {
+                "Outputs": [
+                    {
+                        "OutputName": "out",
+                        "S3Output": {
+                            "LocalPath": f"{root}/output",
+                            "S3Uri": {
+                                "Std:Join": {
+                                    "On": "/",
+                                    "Values": ["s3://bucket/run", {"Get": "Execution.PipelineExecutionId"}, name],
+                                }
+                            },
+                        },
+                    }
+                ]
+            },
+        },
+        "PropertyFiles": [{"PropertyFileName": "Report", "OutputName": "out", "FilePath": "report.json"}],
+    }
+    if cache:
+        step["CacheConfig"] = {"Enabled": True, "ExpireAfter": "P30D"}
+    return step
+
+
+def output_of(step: str) -> dict:
+    return {"Get": f"Steps.{step}.ProcessingOutputConfig.Outputs['out'].S3Output.S3Uri"}
+
+
+def definition(runs: Path, fail_b: bool = False) -> dict:
+    dag = {
+        "Version": "2020-12-01",
+        "Parameters": [
+            {"Name": "Value", "Type": "String", "DefaultValue": "v1"},
+            {"Name": "Threshold", "Type": "Float", "DefaultValue": 0.5},
+        ],
+        "Steps": [
+            processing("A", extra=["--value", {"Get": "Parameters.Value"}]),
+            processing("B", data=output_of("A"), extra=["--fail", "yes" if fail_b else "no", "--score", "0.7"]),
+            {
+                "Name": "Gate",
+                "Type": "Condition",
+                "Arguments": {
+                    "Conditions": [
+                        {
+                            "Type": "GreaterThanOrEqualTo",
+                            "RightValue": {"Get": "Parameters.Threshold"},
+                            "LeftValue": {
+                                "Std:JsonGet": {
+                                    "PropertyFile": {"Get": "Steps.B.PropertyFiles.Report"},
+                                    "Path": "metrics.score.value",
+                                }
+                            },
+                        }
+                    ],
+                    "IfSteps": [processing("C", data=output_of("B"), cache=False)],
+                    "ElseSteps": [
+                        {
+                            "Name": "TooLow",
+                            "Type": "Fail",
+                            "Arguments": {
+                                "ErrorMessage": {
+                                    "Std:Join": {"On": " ", "Values": ["score below", {"Get": "Parameters.Threshold"}]}
+                                }
+                            },
+                        }
+                    ],
+                },
+            },
+        ],
+    }
+    return json.loads(json.dumps(dag).replace('"RUNS"', json.dumps(str(runs))))
+
+
+@pytest.fixture
+def root(tmp_path):
+    LocalS3(tmp_path).put_bytes("s3://bucket/code/job.py", JOB.encode())
+    return tmp_path
+
+
+def run(root: Path, params=None, fail_b=False, use_cache=True) -> Execution:
+    runner = LocalRunner(definition(root / "runs.txt", fail_b), "demo", root, use_cache=use_cache)
+    return runner.run(params or {})
+
+
+def runs(root: Path) -> list[str]:
+    path = root / "runs.txt"
+    lines = path.read_text().split() if path.exists() else []
+    path.unlink(missing_ok=True)
+    return lines
+
+
+def statuses(execution: Execution) -> dict[str, str]:
+    return {name: record.status for name, record in execution.steps.items()}
+
+
+def test_runs_in_order_follows_the_branch_and_records_the_execution(root):
+    execution = run(root)
+    assert execution.status == "Succeeded"
+    assert statuses(execution) == {
+        "A": "Succeeded",
+        "B": "Succeeded",
+        "Gate": "Succeeded",
+        "C": "Succeeded",
+        "TooLow": "Skipped",
+    }
+    assert runs(root) == ["A", "B", "C"]
+    c_out = LocalS3(root).path(f"s3://bucket/run/{execution.id}/C") / "result.txt"
+    assert c_out.read_text() == "Av1;B;C;"
+    saved = Execution.load(root / "executions" / "demo" / execution.id / "execution.json")
+    assert saved.status == "Succeeded" and saved.parameters == {"Value": "v1", "Threshold": 0.5}
+    assert Path(saved.steps["A"].log).read_text().startswith("$ ")
+
+
+def test_else_branch_fails_with_the_message(root):
+    execution = run(root, {"Threshold": "0.9"})
+    assert execution.status == "Failed"
+    assert statuses(execution)["C"] == "Skipped"
+    assert execution.steps["TooLow"].reason == "score below 0.9"
+    assert execution.failure_reason == "step TooLow failed: score below 0.9"
+
+
+def test_cache_reuses_unchanged_steps_and_reruns_from_a_changed_parameter(root):
+    first = run(root)
+    assert runs(root) == ["A", "B", "C"]
+    second = run(root)
+    assert runs(root) == ["C"]  # C has no cache config: it always runs
+    assert second.steps["A"].cached and second.steps["B"].cached and not second.steps["C"].cached
+    assert LocalS3(root).path(f"s3://bucket/run/{first.id}/C").exists()
+    third = run(root, {"Value": "v2"})
+    assert runs(root) == ["A", "B", "C"]
+    assert (LocalS3(root).path(f"s3://bucket/run/{third.id}/C") / "result.txt").read_text() == "Av2;B;C;"
+    run(root, use_cache=False)
+    assert runs(root) == ["A", "B", "C"]
+
+
+def test_a_failing_step_stops_its_dependents_and_reports_the_reason(root):
+    execution = run(root, fail_b=True)
+    assert execution.status == "Failed"
+    assert statuses(execution) == {
+        "A": "Succeeded",
+        "B": "Failed",
+        "Gate": "NotStarted",
+        "C": "NotStarted",
+        "TooLow": "NotStarted",
+    }
+    assert execution.steps["B"].reason == "exit code 3: ValueError: the input is broken"
+    assert execution.failure_reason.startswith("step B failed: exit code 3")
+    assert runs(root) == ["A", "B"]
+
+
+def test_unknown_step_type_is_an_error_naming_the_step(root):
+    dag = {"Parameters": [], "Steps": [{"Name": "Odd", "Type": "EMR", "Arguments": {}}]}
+    execution = LocalRunner(dag, "demo", root).run()
+    assert execution.steps["Odd"].reason == "step Odd: step type 'EMR' is not supported by the local runner"
