@@ -1,0 +1,121 @@
+"""`run --local` end to end: the real definition, step scripts, training toolkit + torchrun, registry and endpoint.
+
+A tiny random BERT stands in for MiniLM so that the whole pipeline runs in about a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.local.session import LocalAccount
+from fixtures_ml import build_model, build_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("e2e")
+    model = build_model(folder / "model", build_tokenizer(folder / "tokenizer"))
+    overrides = [
+        f"local.model_id={model}",
+        "local.data_source=sample:240",
+        "local.max_steps=4",
+        "local.batch_size=8",
+        "local.max_length=64",
+        "local.log_interval=1",
+        f"local.port={free_port()}",
+        "local.processes=2",
+    ]
+    account = LocalAccount(load_config(ROOT / "pipeline.yaml", overrides, environ={}), folder / "local")
+    yield folder, overrides, account
+    account.stop_endpoint()
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    argv, sys.argv = sys.argv, ["trainium-pipeline", "--config", str(ROOT / "pipeline.yaml"), *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0
+    finally:
+        sys.argv = argv
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def test_run_local_registers_deploys_and_serves(setup, capsys):
+    folder, overrides, account = setup
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    code, out = cli(capsys, *sets, "run", "--local", "--root", str(folder / "local"), "-p", "AccuracyThreshold=0.0")
+    assert code == 0, out
+    (execution,) = account.executions()
+    assert execution.status == "Succeeded"
+    assert {n: r.status for n, r in execution.steps.items()} == {
+        "Tokenize": "Succeeded",
+        "Train": "Succeeded",
+        "Evaluate": "Succeeded",
+        "AccuracyGate": "Succeeded",
+        "RegisterModel": "Succeeded",
+        "ApprovedGate": "Succeeded",
+        "Deploy": "Succeeded",
+        "AccuracyTooLow": "Skipped",
+    }
+    outputs = execution.steps["Evaluate"].properties["ProcessingOutputConfig"]["Outputs"]
+    report = json.loads((account.s3.path(outputs["evaluation"]["S3Output"]["S3Uri"]) / "evaluation.json").read_text())
+    accuracy = report["metrics"]["accuracy"]["value"]
+    assert 0.0 <= accuracy <= 1.0
+    assert f"accuracy on the test split: {accuracy:.4f}" in out
+    assert "registered: trainium-bert version 1 (Approved)" in out
+    model_data = account.s3.path(execution.steps["Train"].properties["ModelArtifacts"]["S3ModelArtifacts"])
+    assert model_data.name == "model.tar.gz" and model_data.exists()
+
+    (version,) = account.registry.list("trainium-bert")
+    assert version.status == "Approved" and version.accuracy == pytest.approx(accuracy)
+    assert version.customer_metadata["training_job"] == execution.steps["Train"].properties["TrainingJobName"]
+
+    state = account.endpoint_state()
+    assert state and state["running"]
+    url = f"http://127.0.0.1:{state['port']}"
+    assert f"curl -s {url}/invocations" in out
+    with urllib.request.urlopen(f"{url}/ping", timeout=10) as ping:
+        assert ping.status == 200
+    runtime = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1")
+    response = runtime.invoke_endpoint(
+        EndpointName="trainium-bert",
+        ContentType="application/json",
+        Accept="application/json",
+        Body=json.dumps({"inputs": ["great product, works perfectly", "broke after two days, a waste"]}),
+    )
+    predictions = json.loads(response["Body"].read())
+    assert len(predictions) == 2
+    assert all(p["label"] in ("positive", "negative") and 0.0 <= p["score"] <= 1.0 for p in predictions)
+
+
+def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):
+    folder, overrides, account = setup
+    execution = account.run({"AccuracyThreshold": "1.01"})
+    assert execution.status == "Failed"
+    steps = execution.steps
+    assert steps["Tokenize"].cached and steps["Train"].cached and steps["Evaluate"].cached
+    assert steps["RegisterModel"].status == "Skipped" and steps["Deploy"].status == "Skipped"
+    assert steps["AccuracyTooLow"].status == "Failed"
+    assert steps["AccuracyTooLow"].reason.startswith("Accuracy ")
+    assert steps["AccuracyTooLow"].reason.endswith("is below the threshold 1.01 - the model was not registered.")
+    assert len(account.registry.list("trainium-bert")) == 1
