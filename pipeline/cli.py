@@ -209,12 +209,17 @@ def run(
 def serve(
     version: Annotated[int | None, typer.Option(help="Model version (default: latest Approved).")] = None,
     port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default local.port).")] = None,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the endpoint left running by run --local.")] = False,
     root: ROOT = None,
 ) -> None:
-    """Serve a registered model version on 127.0.0.1 in the foreground (Ctrl-C stops)."""
+    """Serve a registered model version on 127.0.0.1 in the foreground (Ctrl-C stops), or --stop the background one."""
+    account = _local(root)
+    if stop:
+        stopped = account.stop_endpoint()
+        console.print(f"endpoint {account.cfg.deploy.endpoint_name} {'stopped' if stopped else 'was not running'}")
+        return
     from pipeline.local.endpoint import serve_forever
 
-    account = _local(root)
     chosen = (
         account.registry.get(account.group, version) if version else account.registry.latest_approved(account.group)
     )
@@ -225,6 +230,7 @@ def serve(
         account.cfg.deploy.endpoint_name,
         port or account.cfg.local.port,
         version=str(chosen.version),
+        on_ready=lambda url: console.print(f"serving version {chosen.version} at {url} (Ctrl-C stops)"),
     )
 
 

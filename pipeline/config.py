@@ -170,7 +170,7 @@ class Local(Section):
     root: str = ".local"
     processes: int = Field(default=2, ge=1, le=64)
     model_id: str | None = None
-    data_source: str = "sample:3000"
+    data_source: str = "sample:2000"
     epochs: int = Field(default=1, ge=1)
     max_steps: int = Field(default=-1, ge=-1)
     batch_size: int = Field(default=16, ge=1)

@@ -137,9 +137,11 @@ def test_training_step_runs_torchrun_in_the_neuronx_container(steps):
     )
     assert hps["epochs"] == {"Std:Join": {"On": "", "Values": [{"Get": "Parameters.Epochs"}]}}
     assert args["StoppingCondition"]["MaxRuntimeInSeconds"] == 86400
+    # One checkpoint prefix per execution: a spot restart resumes its own job, a new execution starts fresh.
     assert args["CheckpointConfig"] == {
         "LocalPath": "/opt/ml/checkpoints",
-        "S3Uri": "s3://my-sagemaker-bucket/trainium-bert/checkpoints",
+        "S3Uri": {"Std:Join": {"On": "/", "Values": [
+            "s3://my-sagemaker-bucket/trainium-bert/checkpoints", {"Get": "Execution.PipelineExecutionId"}]}},
     }
     assert (
         args["Environment"]["NEURON_COMPILE_CACHE_URL"] == "s3://my-sagemaker-bucket/trainium-bert/neuron-compile-cache"

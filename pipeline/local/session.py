@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -15,6 +16,10 @@ from pipeline.local.profile import local_config
 from pipeline.local.registry import ModelVersion, Registry
 from pipeline.local.runner import Execution, LocalRunner
 from pipeline.local.storage import LocalS3
+
+
+def _is_hub_dataset(source: str) -> bool:
+    return not (source.startswith(("sample", "s3://")) or Path(source).exists())
 
 
 class DeployRefused(ValueError):
@@ -48,6 +53,9 @@ class LocalAccount:
 
     def run(self, parameters: dict[str, str], *, use_cache: bool = True, console: Console | None = None) -> Execution:
         """Execute the pipeline definition end to end on this machine."""
+        if Path(self.cfg.training.model_id).is_dir() and not _is_hub_dataset(self.cfg.data.source):
+            for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # nothing to fetch: never wait on the network
+                os.environ.setdefault(var, "1")
         definition = self.definition()
         self.upload_code()
         runner = LocalRunner(
