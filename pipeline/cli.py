@@ -238,9 +238,9 @@ models_app = typer.Typer(help="Model versions in the registry: list, describe, a
 app.add_typer(models_app, name="models")
 
 
-def _local_only(local: bool) -> None:
-    if not local:
-        raise typer.BadParameter("the SageMaker Model Registry commands are not implemented yet; use --local")
+def _aws_and_group():
+    cfg = state.config()
+    return cfg, Aws(cfg.aws.region), cfg.pipeline.model_package_group
 
 
 @models_app.command("list")
@@ -252,27 +252,53 @@ def models_list(
     """Versions, newest first: status, accuracy, created."""
     from rich.table import Table
 
-    _local_only(local)
-    account = _local(root)
-    table = Table(title=f"model package group {account.group}")
-    for column in ("version", "status", "accuracy", "created", "note"):
+    if local:
+        account = _local(root)
+        group = account.group
+        rows = [
+            {"version": v.version, "status": v.status, "accuracy": v.accuracy, "created": v.created, "note": v.note}
+            for v in account.registry.list(group, status=status_filter)
+        ]
+    else:
+        from pipeline import models_aws
+
+        _, aws, group = _aws_and_group()
+        rows = models_aws.list_versions(aws, group, status_filter)
+    table = Table(title=f"model package group {group}")
+    for column in ("version", "status", "accuracy", "created"):
         table.add_column(column)
-    for v in account.registry.list(account.group, status=status_filter):
-        accuracy = f"{v.accuracy:.4f}" if v.accuracy is not None else "-"
-        table.add_row(str(v.version), v.status, accuracy, v.created, v.note)
+    for row in rows:
+        accuracy = row.get("accuracy")
+        accuracy = f"{accuracy:.4f}" if isinstance(accuracy, float) else str(accuracy or "-")
+        table.add_row(str(row["version"]), row["status"], accuracy, str(row["created"]))
     console.print(table)
 
 
 @models_app.command("describe")
 def models_describe(version: int, local: LOCAL = False, root: ROOT = None) -> None:
-    """The full description of a version (as DescribeModelPackage returns it)."""
-    _local_only(local)
-    account = _local(root)
-    console.print_json(json.dumps(account.registry.get(account.group, version).describe(), default=str))
+    """The full description of a version."""
+    if local:
+        account = _local(root)
+        console.print_json(json.dumps(account.registry.get(account.group, version).describe(), default=str))
+        return
+    from pipeline import models_aws
+
+    _, aws, group = _aws_and_group()
+    console.print_json(json.dumps(models_aws.describe(aws, group, version), default=str))
 
 
 def _set_status(version: int, status: str, note: str, local: bool, root: Path | None) -> None:
-    _local_only(local)
+    if not local:
+        from pipeline import models_aws
+
+        _, aws, group = _aws_and_group()
+        changed = models_aws.set_status(aws, group, version, status, note)
+        console.print(f"model version {version}: {changed['status']}")
+        if status == "Approved":
+            console.print(
+                f"the deploy-on-approval rule (triggers apply) deploys it, or run: trainium-pipeline deploy {version}"
+            )
+        return
     account = _local(root)
     changed = account.registry.set_status(account.group, version, status, note)
     console.print(f"model version {changed.version}: {changed.status}")
@@ -301,6 +327,97 @@ def models_reject(
 ) -> None:
     """Reject a version."""
     _set_status(version, "Rejected", note, local, root)
+
+
+def load_deploy_handler():
+    """`steps/deploy.py`, the deploy Lambda's code (steps/ is container code, not a package)."""
+    import importlib.util
+
+    from pipeline.code import PROJECT_ROOT
+
+    spec = importlib.util.spec_from_file_location("deploy_handler", PROJECT_ROOT / "steps" / "deploy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@app.command()
+def deploy(version: int, local: LOCAL = False, root: ROOT = None) -> None:
+    """Deploy an Approved model version to the endpoint (created, or updated to a new endpoint config)."""
+    if local:
+        account = _local(root)
+        result = account.deploy(account.registry.get(account.group, version))
+        console.print(f"endpoint {account.cfg.deploy.endpoint_name} {result['action']}: {result['url']}")
+        return
+    from pipeline import models_aws
+    from pipeline.aws import explained
+
+    cfg, aws, group = _aws_and_group()
+    handler = load_deploy_handler()
+    arn = models_aws.describe(aws, group, version)["arn"]
+    try:
+        with explained(f"deploy version {version}"):
+            result = handler.deploy(
+                aws.sagemaker,
+                arn,
+                cfg.deploy.endpoint_name,
+                cfg.deploy.instance_type,
+                cfg.deploy.instance_count,
+                role_arn=cfg.aws.role_arn,
+                data_capture_s3_uri=cfg.deploy.data_capture_s3_uri,
+                guardrails_alarm=cfg.deploy.guardrails_alarm,
+            )
+    except (handler.NotApproved, handler.DeployError) as e:
+        raise AwsError(str(e)) from None
+    console.print(f"endpoint {result['endpoint_name']} {result['action']}: config {result['endpoint_config_name']}")
+
+
+triggers_app = typer.Typer(help="EventBridge rules: deploy on approval, schedule, new data.", no_args_is_help=True)
+app.add_typer(triggers_app, name="triggers")
+
+
+def _trigger_settings(cfg: Config):
+    from pipeline.triggers import TriggerSettings
+
+    return TriggerSettings(**cfg.triggers.model_dump())
+
+
+@triggers_app.command("apply")
+def triggers_apply(
+    print_only: Annotated[bool, typer.Option("--print-only", help="Show the rules without creating them.")] = False,
+    print_policies: Annotated[
+        bool, typer.Option("--print-policies", help="Print the IAM policies the rules and the Lambda need.")
+    ] = False,
+) -> None:
+    """Create or update the rules (idempotent); a rule whose option was turned off is deleted."""
+    from pipeline import triggers
+
+    cfg = state.config()
+    if print_policies:
+        console.print_json(json.dumps(triggers.policies(cfg)))
+        return
+    rows = triggers.apply(cfg, None if print_only else Aws(cfg.aws.region), print_only, settings=_trigger_settings(cfg))
+    for row in rows:
+        console.print(f"{row['action']:>9}  {row['name']}")
+
+
+@triggers_app.command("list")
+def triggers_list() -> None:
+    """The rules that apply made, with their targets."""
+    from pipeline import triggers
+
+    cfg = state.config()
+    console.print_json(json.dumps(triggers.list_(cfg, Aws(cfg.aws.region)), default=str))
+
+
+@triggers_app.command("delete")
+def triggers_delete() -> None:
+    """Remove exactly the rules, targets and permission that apply made."""
+    from pipeline import triggers
+
+    cfg = state.config()
+    removed = triggers.delete(cfg, Aws(cfg.aws.region))
+    console.print(f"deleted: {', '.join(removed) or 'nothing'}")
 
 
 def main() -> None:

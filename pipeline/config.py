@@ -162,6 +162,22 @@ class Deploy(Section):
     instance_count: int = Field(default=1, ge=1)
     lambda_function_name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     data_capture_s3_uri: str | None = Field(default=None, pattern=S3_URI)
+    guardrails_alarm: str | None = None
+
+
+class Triggers(Section):
+    """EventBridge rules that `triggers apply` creates (the approval rule is always there)."""
+
+    schedule: str | None = Field(default=None, pattern=r"^(cron|rate)\(.+\)$")
+    schedule_parameters: dict[str, str] = {}
+    on_new_data: bool = False
+    events_role_arn: str | None = Field(default=None, pattern=ROLE_ARN)
+
+    @model_validator(mode="after")
+    def _role(self) -> Triggers:
+        if (self.schedule or self.on_new_data) and not self.events_role_arn:
+            raise ValueError("triggers.events_role_arn=None: expected an IAM role ARN EventBridge may assume")
+        return self
 
 
 class Local(Section):
@@ -194,7 +210,15 @@ class Config(Section):
     evaluation: Evaluation
     registry: Registry = Registry()
     deploy: Deploy
+    triggers: Triggers = Triggers()
     local: Local = Local()
+
+    @model_validator(mode="after")
+    def _new_data_needs_s3(self) -> Config:
+        if self.triggers.on_new_data and not self.data.is_s3:
+            source = self.data.source
+            raise ValueError(f"triggers.on_new_data=True: expected data.source to be an s3:// URI, not {source!r}")
+        return self
 
     @property
     def s3_root(self) -> str:
@@ -242,6 +266,8 @@ def _describe(error: dict[str, Any]) -> str:
     if error["type"] == "missing":
         return f"{key}: missing; expected a value"
     expected = error["msg"]
+    if error["type"] == "value_error" and ": expected" in expected:
+        return expected.removeprefix("Value error, ")  # a cross-field check that already names its key
     for prefix in ("Value error, ", "Assertion failed, ", "Input should be "):
         expected = expected.removeprefix(prefix)
     if error["type"] == "string_pattern_mismatch":

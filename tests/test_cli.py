@@ -187,3 +187,67 @@ def test_console_script_against_moto_server(moto_server, tmp_path):
     bad = run("--set", "evaluation.accuracy_threshold=2", "definition")
     assert bad.returncode == 2
     assert "evaluation.accuracy_threshold=2: expected less than or equal to 1" in bad.stderr
+
+
+def register_version(sagemaker, status: str) -> str:
+    sagemaker.create_model_package_group(ModelPackageGroupName="trainium-bert")
+    return sagemaker.create_model_package(
+        ModelPackageGroupName="trainium-bert",
+        ModelApprovalStatus=status,
+        CustomerMetadataProperties={"accuracy": "0.91"},
+        InferenceSpecification={
+            "Containers": [
+                {
+                    "Image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/inference:1",
+                    "ModelDataUrl": f"s3://{BUCKET}/model.tar.gz",
+                }
+            ],
+            "SupportedContentTypes": ["application/json"],
+            "SupportedResponseMIMETypes": ["application/json"],
+        },
+    )["ModelPackageArn"]
+
+
+def test_models_and_deploy_commands_against_the_registry(aws, capsys):
+    register_version(aws["sagemaker"], "PendingManualApproval")
+    code, out, err = cli(capsys, "models", "list")
+    assert code == 0, err
+    assert "PendingManualApproval" in out and "0.91" in out
+    code, out, err = cli(capsys, "deploy", "1")
+    assert code == 1 and "not Approved" in err and "Traceback" not in err
+    code, out, err = cli(capsys, "models", "approve", "1", "--note", "looks good")
+    assert code == 0, err
+    assert "model version 1: Approved" in out
+    described = aws["sagemaker"].list_model_packages(ModelPackageGroupName="trainium-bert")["ModelPackageSummaryList"]
+    assert described[0]["ModelApprovalStatus"] == "Approved"
+    code, out, err = cli(capsys, "deploy", "1")
+    assert code == 0, err
+    assert "endpoint trainium-bert created" in out
+    assert aws["sagemaker"].describe_endpoint(EndpointName="trainium-bert")["EndpointStatus"] == "InService"
+    code, out, err = cli(capsys, "deploy", "1")
+    assert code == 0 and "endpoint trainium-bert unchanged" in out
+
+
+def test_triggers_commands(aws, capsys):
+    lambdas = boto3.client("lambda", region_name="us-east-1")
+    iam = boto3.client("iam", region_name="us-east-1")
+    role = iam.create_role(RoleName="deploy", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    lambdas.create_function(
+        FunctionName="trainium-bert-deploy",
+        Runtime="python3.12",
+        Role=role,
+        Handler="deploy.lambda_handler",
+        Code={"ZipFile": b"PK\x05\x06" + b"\0" * 18},
+    )
+    code, out, err = cli(capsys, "triggers", "apply")
+    assert code == 0, err
+    assert "trainium-bert-deploy-on-approval" in out
+    rules = boto3.client("events", region_name="us-east-1").list_rules()["Rules"]
+    assert [r["Name"] for r in rules] == ["trainium-bert-deploy-on-approval"]
+    code, out, err = cli(capsys, "triggers", "list")
+    assert code == 0 and "Approved" in out
+    code, out, err = cli(capsys, "triggers", "apply", "--print-policies")
+    assert code == 0 and "sagemaker:CreateEndpoint" in out
+    code, out, err = cli(capsys, "triggers", "delete")
+    assert code == 0 and "trainium-bert-deploy-on-approval" in out
+    assert boto3.client("events", region_name="us-east-1").list_rules()["Rules"] == []

@@ -1,0 +1,410 @@
+"""EventBridge triggers: deploy on approval, run on a schedule, run on new data.
+
+Each rule has a deterministic name derived from the pipeline name, so `apply` is idempotent (put_rule
+and put_targets overwrite), and `delete` removes exactly what `apply` made. An option that is turned
+off has its rule removed by the next `apply`: the settings are the truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from pipeline.aws import Aws, AwsError, explained, split_s3_uri
+from pipeline.config import Config
+
+MODEL_PACKAGE_EVENT = "SageMaker Model Package State Change"
+DEPLOY_TARGET_ID = "deploy-lambda"
+PIPELINE_TARGET_ID = "start-pipeline"
+MAX_RULE_NAME = 64
+
+
+@dataclass(frozen=True)
+class TriggerSettings:
+    """What to trigger besides deploy-on-approval (always on)."""
+
+    schedule: str | None = None  # "cron(0 3 ? * MON *)" or "rate(7 days)"; None: no schedule rule
+    schedule_parameters: dict[str, str] = field(default_factory=dict)  # pipeline parameters of triggered runs
+    on_new_data: bool = False  # start the pipeline when an object lands under data.source (an s3:// prefix)
+    events_role_arn: str | None = None  # role EventBridge assumes to start the pipeline
+
+
+def rule_name(pipeline_name: str, kind: str) -> str:
+    """`<pipeline>-<kind>`, shortened with a hash to EventBridge's 64 characters when needed."""
+    name = f"{pipeline_name}-{kind}"
+    if len(name) <= MAX_RULE_NAME:
+        return name
+    digest = hashlib.sha256(pipeline_name.encode()).hexdigest()[:8]
+    return f"{pipeline_name[: MAX_RULE_NAME - len(kind) - 10]}-{digest}-{kind}"
+
+
+def rule_names(cfg: Config) -> dict[str, str]:
+    """kind -> rule name, in the order apply creates them."""
+    return {kind: rule_name(cfg.pipeline.name, kind) for kind in ("deploy-on-approval", "schedule", "on-new-data")}
+
+
+def pipeline_arn(cfg: Config) -> str:
+    """The pipeline's ARN (SageMaker lowercases names in ARNs)."""
+    return f"arn:aws:sagemaker:{cfg.aws.region}:{cfg.aws.account}:pipeline/{cfg.pipeline.name.lower()}"
+
+
+def approval_pattern(cfg: Config) -> dict:
+    return {
+        "source": ["aws.sagemaker"],
+        "detail-type": [MODEL_PACKAGE_EVENT],
+        "detail": {
+            "ModelPackageGroupName": [cfg.pipeline.model_package_group],
+            "ModelApprovalStatus": ["Approved"],
+        },
+    }
+
+
+def new_data_pattern(cfg: Config) -> dict:
+    if not cfg.data.is_s3:
+        raise ValueError(f"data.source={cfg.data.source!r}: on-new-data triggers need an s3:// data source")
+    bucket, prefix = split_s3_uri(cfg.data.source)
+    key: list[Any] = [{"prefix": prefix}] if prefix else [{"exists": True}]
+    return {
+        "source": ["aws.s3"],
+        "detail-type": ["Object Created"],
+        "detail": {"bucket": {"name": [bucket]}, "object": {"key": key}},
+    }
+
+
+def _pipeline_target(cfg: Config, settings: TriggerSettings, arn: str) -> dict:
+    if not settings.events_role_arn:
+        raise ValueError("a schedule or on-new-data trigger needs events_role_arn (a role EventBridge can assume)")
+    return {
+        "Id": PIPELINE_TARGET_ID,
+        "Arn": arn,
+        "RoleArn": settings.events_role_arn,
+        "SageMakerPipelineParameters": {
+            "PipelineParameterList": [
+                {"Name": k, "Value": str(v)} for k, v in sorted(settings.schedule_parameters.items())
+            ]
+        },
+    }
+
+
+def plan(cfg: Config, settings: TriggerSettings | None = None, pipeline: str | None = None) -> list[dict]:
+    """The rules apply puts: [{"Name", "EventPattern"|"ScheduleExpression", "Targets"}] (no AWS calls)."""
+    settings = settings or TriggerSettings()
+    names = rule_names(cfg)
+    arn = pipeline or pipeline_arn(cfg)
+    rules: list[dict] = [
+        {
+            "Name": names["deploy-on-approval"],
+            "Description": f"Deploy approved versions of {cfg.pipeline.model_package_group} to "
+            f"{cfg.deploy.endpoint_name}",
+            "EventPattern": approval_pattern(cfg),
+            "Targets": [{"Id": DEPLOY_TARGET_ID, "Arn": cfg.deploy_lambda_arn}],
+        }
+    ]
+    if settings.schedule:
+        rules.append(
+            {
+                "Name": names["schedule"],
+                "Description": f"Start pipeline {cfg.pipeline.name} on a schedule",
+                "ScheduleExpression": settings.schedule,
+                "Targets": [_pipeline_target(cfg, settings, arn)],
+            }
+        )
+    if settings.on_new_data:
+        rules.append(
+            {
+                "Name": names["on-new-data"],
+                "Description": f"Start pipeline {cfg.pipeline.name} when data lands under {cfg.data.source}",
+                "EventPattern": new_data_pattern(cfg),
+                "Targets": [_pipeline_target(cfg, settings, arn)],
+            }
+        )
+    return rules
+
+
+def _code(error: ClientError) -> str:
+    return error.response.get("Error", {}).get("Code", "")
+
+
+def _describe_rule(aws: Aws, name: str) -> dict | None:
+    try:
+        return aws.client("events").describe_rule(Name=name)
+    except ClientError as e:
+        if _code(e) == "ResourceNotFoundException":
+            return None
+        raise
+
+
+def _same_rule(old: dict | None, new: dict) -> bool:
+    if old is None:
+        return False
+    if "EventPattern" in new:
+        return json.loads(old.get("EventPattern") or "null") == new["EventPattern"] and old.get("State") == "ENABLED"
+    return old.get("ScheduleExpression") == new["ScheduleExpression"] and old.get("State") == "ENABLED"
+
+
+def _existing_pipeline_arn(cfg: Config, aws: Aws) -> str:
+    """The deployed pipeline's ARN as SageMaker spells it; the computed one if it is not deployed yet."""
+    try:
+        return aws.sagemaker.describe_pipeline(PipelineName=cfg.pipeline.name)["PipelineArn"]
+    except ClientError as e:
+        if _code(e) in ("ResourceNotFound", "ValidationException"):
+            return pipeline_arn(cfg)
+        raise
+
+
+def _allow_events_to_invoke(cfg: Config, aws: Aws, rule_arn: str) -> None:
+    """Let EventBridge invoke the deploy Lambda from this rule (an existing statement is fine)."""
+    lam = aws.client("lambda")
+    try:
+        policy = json.loads(lam.get_policy(FunctionName=cfg.deploy.lambda_function_name)["Policy"])
+        if any(s.get("Sid") == _statement_id(cfg) for s in policy.get("Statement", [])):
+            return
+    except ClientError as e:
+        if _code(e) != "ResourceNotFoundException":  # no policy yet, or no function (add_permission says)
+            raise
+    try:
+        lam.add_permission(
+            FunctionName=cfg.deploy.lambda_function_name,
+            StatementId=_statement_id(cfg),
+            Action="lambda:InvokeFunction",
+            Principal="events.amazonaws.com",
+            SourceArn=rule_arn,
+        )
+    except ClientError as e:
+        if _code(e) == "ResourceConflictException":
+            return
+        if _code(e) == "ResourceNotFoundException":
+            raise AwsError(
+                f"allow EventBridge to invoke {cfg.deploy.lambda_function_name}: the deploy Lambda does not exist "
+                f"(create it from steps/deploy.py first; deploy.lambda_function_name)"
+            ) from None
+        raise
+
+
+def _statement_id(cfg: Config) -> str:
+    return rule_names(cfg)["deploy-on-approval"][:100]
+
+
+def _enable_s3_eventbridge(aws: Aws, bucket: str) -> bool:
+    """Turn on EventBridge notifications of `bucket`, keeping its other notifications; True if changed."""
+    s3 = aws.s3
+    current = s3.get_bucket_notification_configuration(Bucket=bucket)
+    current.pop("ResponseMetadata", None)
+    if "EventBridgeConfiguration" in current:
+        return False
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket, NotificationConfiguration={**current, "EventBridgeConfiguration": {}}
+    )
+    return True
+
+
+def apply(
+    cfg: Config, aws: Aws | None, print_only: bool = False, *, settings: TriggerSettings | None = None
+) -> list[dict]:
+    """Create or update the rules and their targets; remove rules whose option is off.
+
+    Returns one entry per rule: {"name", "action": "created"|"updated"|"unchanged"|"deleted"|"planned",
+    "rule": the planned rule}. With print_only nothing is called (aws may be None).
+    """
+    settings = settings or TriggerSettings()
+    if print_only:
+        return [{"name": r["Name"], "action": "planned", "rule": r} for r in plan(cfg, settings)]
+    assert aws is not None
+    events = aws.client("events")
+    with explained(f"describe pipeline {cfg.pipeline.name}"):
+        arn = _existing_pipeline_arn(cfg, aws) if (settings.schedule or settings.on_new_data) else None
+    rules = plan(cfg, settings, arn)
+    report: list[dict] = []
+    for rule in rules:
+        name = rule["Name"]
+        with explained(f"put rule {name}"):
+            old = _describe_rule(aws, name)
+            request: dict[str, Any] = {"Name": name, "State": "ENABLED", "Description": rule["Description"]}
+            if "EventPattern" in rule:
+                request["EventPattern"] = json.dumps(rule["EventPattern"])
+            else:
+                request["ScheduleExpression"] = rule["ScheduleExpression"]
+            tags = [{"Key": k, "Value": v} for k, v in sorted(cfg.aws.tags.items())]
+            if old is None and tags:
+                request["Tags"] = tags
+            rule_arn = events.put_rule(**request)["RuleArn"]
+        with explained(f"put targets of rule {name}"):
+            before = {t["Id"]: t for t in events.list_targets_by_rule(Rule=name).get("Targets", [])}
+            same_targets = all(_same_target(before.get(t["Id"]), t) for t in rule["Targets"])
+            response = events.put_targets(Rule=name, Targets=rule["Targets"])
+            if response.get("FailedEntryCount"):
+                failed = response["FailedEntries"][0]
+                raise AwsError(f"put targets of rule {name}: {failed.get('ErrorCode')}: {failed.get('ErrorMessage')}")
+        if rule["Targets"][0]["Id"] == DEPLOY_TARGET_ID:
+            with explained(f"allow rule {name} to invoke {cfg.deploy.lambda_function_name}"):
+                _allow_events_to_invoke(cfg, aws, rule_arn)
+        if "on-new-data" in name:
+            bucket, _ = split_s3_uri(cfg.data.source)
+            with explained(f"turn on EventBridge notifications of bucket {bucket}"):
+                _enable_s3_eventbridge(aws, bucket)
+        action = "created" if old is None else ("unchanged" if _same_rule(old, rule) and same_targets else "updated")
+        report.append({"name": name, "action": action, "rule": rule, "arn": rule_arn})
+    wanted = {r["Name"] for r in rules}
+    for name in rule_names(cfg).values():
+        if name not in wanted and _delete_rule(aws, name):
+            report.append({"name": name, "action": "deleted", "rule": None})
+    return report
+
+
+def _same_target(old: dict | None, new: dict) -> bool:
+    return old is not None and all(old.get(k) == v for k, v in new.items())
+
+
+def list_(cfg: Config, aws: Aws) -> list[dict]:
+    """The rules apply made that exist now: name, state, pattern or schedule, targets."""
+    found = []
+    for kind, name in rule_names(cfg).items():
+        with explained(f"describe rule {name}"):
+            rule = _describe_rule(aws, name)
+            if rule is None:
+                continue
+            targets = aws.client("events").list_targets_by_rule(Rule=name).get("Targets", [])
+        found.append(
+            {
+                "kind": kind,
+                "name": name,
+                "state": rule.get("State", ""),
+                "schedule": rule.get("ScheduleExpression"),
+                "event_pattern": json.loads(rule["EventPattern"]) if rule.get("EventPattern") else None,
+                "targets": [
+                    {
+                        "id": t["Id"],
+                        "arn": t["Arn"],
+                        "role_arn": t.get("RoleArn"),
+                        "parameters": {
+                            p["Name"]: p["Value"]
+                            for p in t.get("SageMakerPipelineParameters", {}).get("PipelineParameterList", [])
+                        },
+                    }
+                    for t in targets
+                ],
+            }
+        )
+    return found
+
+
+def _delete_rule(aws: Aws, name: str) -> bool:
+    """Remove the rule's targets, then the rule; False if it does not exist."""
+    events = aws.client("events")
+    with explained(f"delete rule {name}"):
+        if _describe_rule(aws, name) is None:
+            return False
+        ids = [t["Id"] for t in events.list_targets_by_rule(Rule=name).get("Targets", [])]
+        if ids:
+            events.remove_targets(Rule=name, Ids=ids, Force=False)
+        events.delete_rule(Name=name)
+    return True
+
+
+def delete(cfg: Config, aws: Aws) -> list[str]:
+    """Delete every rule apply made (targets first) and the Lambda permission; the names deleted."""
+    deleted = [name for name in rule_names(cfg).values() if _delete_rule(aws, name)]
+    try:
+        aws.client("lambda").remove_permission(
+            FunctionName=cfg.deploy.lambda_function_name, StatementId=_statement_id(cfg)
+        )
+    except ClientError as e:
+        if _code(e) != "ResourceNotFoundException":
+            raise AwsError(
+                f"remove permission {_statement_id(cfg)} of {cfg.deploy.lambda_function_name}: {e}"
+            ) from None
+    return deleted
+
+
+def policies(cfg: Config) -> dict[str, dict]:
+    """Least-privilege IAM documents: the deploy Lambda's role and the role EventBridge assumes."""
+    region, account = cfg.aws.region, cfg.aws.account
+    sm = f"arn:aws:sagemaker:{region}:{account}"
+    group = cfg.pipeline.model_package_group.lower()
+    endpoint = cfg.deploy.endpoint_name.lower()
+    function = cfg.deploy.lambda_function_name
+    deploy_role = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "ReadModelPackages",
+                "Effect": "Allow",
+                "Action": ["sagemaker:DescribeModelPackage"],
+                "Resource": [f"{sm}:model-package/{group}/*"],
+            },
+            {
+                "Sid": "CreateModels",
+                "Effect": "Allow",
+                "Action": ["sagemaker:CreateModel", "sagemaker:DescribeModel"],
+                "Resource": [f"{sm}:model/{group[:50]}*"],
+            },
+            {
+                "Sid": "EndpointConfigs",
+                "Effect": "Allow",
+                "Action": ["sagemaker:CreateEndpointConfig", "sagemaker:DescribeEndpointConfig"],
+                "Resource": [f"{sm}:endpoint-config/{endpoint[:40]}*"],
+            },
+            {
+                "Sid": "Endpoint",
+                "Effect": "Allow",
+                "Action": ["sagemaker:CreateEndpoint", "sagemaker:UpdateEndpoint", "sagemaker:DescribeEndpoint"],
+                "Resource": [f"{sm}:endpoint/{endpoint}", f"{sm}:endpoint-config/{endpoint[:40]}*"],
+            },
+            {
+                "Sid": "PassModelRole",
+                "Effect": "Allow",
+                "Action": ["iam:PassRole"],
+                "Resource": [cfg.aws.role_arn],
+                "Condition": {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+            },
+            {
+                "Sid": "GuardrailAlarms",
+                "Effect": "Allow",
+                "Action": ["cloudwatch:DescribeAlarms"],
+                "Resource": [f"arn:aws:cloudwatch:{region}:{account}:alarm:*"],
+            },
+            {
+                "Sid": "Logs",
+                "Effect": "Allow",
+                "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+                "Resource": [
+                    f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{function}",
+                    f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{function}:*",
+                ],
+            },
+        ],
+    }
+    events_role = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "StartPipeline",
+                "Effect": "Allow",
+                "Action": ["sagemaker:StartPipelineExecution"],
+                "Resource": [pipeline_arn(cfg)],
+            }
+        ],
+    }
+
+    def trust(service: str) -> dict:
+        return {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": service},
+                    "Action": "sts:AssumeRole",
+                }
+            ],
+        }
+
+    return {
+        "deploy-lambda-role": deploy_role,
+        "deploy-lambda-trust": trust("lambda.amazonaws.com"),
+        "events-role": events_role,
+        "events-trust": trust("events.amazonaws.com"),
+    }

@@ -1,0 +1,237 @@
+"""The deploy Lambda (steps/deploy.py) against moto's SageMaker, in-process."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("deploy_step", ROOT / "steps" / "deploy.py")
+deploy_step = importlib.util.module_from_spec(_spec)
+sys.modules["deploy_step"] = deploy_step
+_spec.loader.exec_module(deploy_step)
+
+REGION = "us-east-1"
+GROUP = "trainium-bert"
+ENDPOINT = "trainium-bert"
+ROLE = "arn:aws:iam::123456789012:role/SageMakerExecutionRole"
+SPEC = {
+    "Containers": [
+        {"Image": "763104351884.dkr.ecr.us-east-1.amazonaws.com/hf:cpu", "ModelDataUrl": "s3://b/model.tar.gz"}
+    ],
+    "SupportedContentTypes": ["application/json"],
+    "SupportedResponseMIMETypes": ["application/json"],
+}
+
+
+def register(sm, status: str, group: str = GROUP, accuracy: str = "0.9") -> str:
+    return sm.create_model_package(
+        ModelPackageGroupName=group,
+        InferenceSpecification=SPEC,
+        ModelApprovalStatus=status,
+        CustomerMetadataProperties={"accuracy": accuracy},
+    )["ModelPackageArn"]
+
+
+class RecordingClient:
+    """The moto client, with update_endpoint recorded and applied by hand: moto does not implement
+    UpdateEndpoint (NotImplementedError in-process), so this is the only way to exercise that path."""
+
+    def __init__(self, client, backend_endpoints):
+        self._client = client
+        self._endpoints = backend_endpoints
+        self.updates: list[dict] = []
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def update_endpoint(self, **kwargs):
+        self.updates.append(kwargs)
+        self._endpoints[kwargs["EndpointName"]].endpoint_config_name = kwargs["EndpointConfigName"]
+        return {"EndpointArn": f"arn:aws:sagemaker:{REGION}:123456789012:endpoint/{kwargs['EndpointName']}"}
+
+
+@pytest.fixture(scope="module")
+def moto_sagemaker(no_network_module):
+    """One moto session and client for the module (the first call costs ~1 s); each test resets it."""
+    with mock_aws() as mock:
+        yield mock, boto3.client("sagemaker", region_name=REGION)
+
+
+@pytest.fixture
+def sm(moto_sagemaker, monkeypatch):
+    for var in ("ENDPOINT_NAME", "INSTANCE_TYPE", "INSTANCE_COUNT", "DATA_CAPTURE_S3_URI", "GUARDRAILS_ALARM"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SAGEMAKER_ROLE_ARN", ROLE)
+    mock, client = moto_sagemaker
+    mock.reset()
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    client.create_model_package_group(ModelPackageGroupName=GROUP)
+    return RecordingClient(client, sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].endpoints)
+
+
+def counts(sm) -> tuple[int, int, int]:
+    return (
+        len(sm.list_models()["Models"]),
+        len(sm.list_endpoint_configs()["EndpointConfigs"]),
+        len(sm.list_endpoints()["Endpoints"]),
+    )
+
+
+def test_first_deploy_creates_model_config_and_endpoint(sm):
+    arn = register(sm, "Approved")
+    result = deploy_step.deploy(
+        sm, arn, ENDPOINT, "ml.c5.2xlarge", 2, data_capture_s3_uri="s3://b/capture", role_arn=ROLE
+    )
+    assert result["action"] == "created"
+    assert result["model_name"] == "trainium-bert-v1"
+    assert result["endpoint_config_name"].startswith("trainium-bert-v1-")
+    model = sm.describe_model(ModelName="trainium-bert-v1")
+    assert model["ExecutionRoleArn"] == ROLE
+    assert model["Containers"][0]["ModelPackageName"] == arn
+    config = sm.describe_endpoint_config(EndpointConfigName=result["endpoint_config_name"])
+    variant = config["ProductionVariants"][0]
+    assert (variant["ModelName"], variant["InstanceType"], variant["InitialInstanceCount"]) == (
+        "trainium-bert-v1",
+        "ml.c5.2xlarge",
+        2,
+    )
+    assert config["DataCaptureConfig"]["DestinationS3Uri"] == "s3://b/capture"
+    assert sm.describe_endpoint(EndpointName=ENDPOINT)["EndpointConfigName"] == result["endpoint_config_name"]
+    assert counts(sm) == (1, 1, 1)
+    assert sm.updates == []
+
+
+def test_redeploying_the_same_version_changes_nothing(sm):
+    arn = register(sm, "Approved")
+    first = deploy_step.deploy(sm, arn, ENDPOINT)
+    again = deploy_step.deploy(sm, arn, ENDPOINT)
+    assert again["action"] == "unchanged"
+    assert again["endpoint_config_name"] == first["endpoint_config_name"]
+    assert counts(sm) == (1, 1, 1) and sm.updates == []
+
+
+def test_newer_version_updates_the_endpoint_to_a_new_config(sm):
+    v1 = register(sm, "Approved")
+    first = deploy_step.deploy(sm, v1, ENDPOINT)
+    v2 = register(sm, "Approved", accuracy="0.93")
+    second = deploy_step.deploy(sm, v2, ENDPOINT, guardrails_alarm="trainium-bert-5xx")
+    assert second["action"] == "updated"
+    assert second["model_name"] == "trainium-bert-v2"
+    assert second["endpoint_config_name"] != first["endpoint_config_name"]
+    assert second["previous_endpoint_config_name"] == first["endpoint_config_name"]
+    # update_endpoint is recorded by RecordingClient (moto lacks it); check the request it got.
+    (update,) = sm.updates
+    assert update["EndpointName"] == ENDPOINT and update["EndpointConfigName"] == second["endpoint_config_name"]
+    assert update["DeploymentConfig"]["AutoRollbackConfiguration"] == {"Alarms": [{"AlarmName": "trainium-bert-5xx"}]}
+    assert "BlueGreenUpdatePolicy" in update["DeploymentConfig"]
+    assert counts(sm) == (2, 2, 1)
+    # Once updated, the same call is a no-op.
+    assert deploy_step.deploy(sm, v2, ENDPOINT)["action"] == "unchanged"
+    assert len(sm.updates) == 1
+
+
+def test_changed_serving_settings_make_a_new_config(sm):
+    arn = register(sm, "Approved")
+    first = deploy_step.deploy(sm, arn, ENDPOINT, "ml.c5.xlarge", 1)
+    scaled = deploy_step.deploy(sm, arn, ENDPOINT, "ml.c5.xlarge", 3)
+    assert scaled["action"] == "updated" and scaled["endpoint_config_name"] != first["endpoint_config_name"]
+    assert counts(sm) == (1, 2, 1)
+    assert "DeploymentConfig" not in sm.updates[0]
+
+
+@pytest.mark.parametrize("status", ["PendingManualApproval", "Rejected"])
+def test_versions_not_approved_are_refused(sm, status):
+    arn = register(sm, status)
+    with pytest.raises(deploy_step.NotApproved, match=f"version 1 is {status}, not Approved"):
+        deploy_step.deploy(sm, arn, ENDPOINT)
+    assert issubclass(deploy_step.NotApproved, ValueError)
+    assert counts(sm) == (0, 0, 0)
+
+
+def test_names_are_trimmed_to_63_characters():
+    long = "a" * 63
+    assert deploy_step.model_name(long, 12345) == "a" * 56 + "-v12345"
+    config = deploy_step.endpoint_config_name(long, 7, "ml.c5.xlarge", 1)
+    assert len(config) == 63 and config.startswith("a" * 51 + "-v7-")
+    assert config == deploy_step.endpoint_config_name(long, 7, "ml.c5.xlarge", 1)
+
+
+def lambda_env(monkeypatch, sm):
+    monkeypatch.setenv("ENDPOINT_NAME", ENDPOINT)
+    monkeypatch.setenv("INSTANCE_TYPE", "ml.m5.large")
+    monkeypatch.setenv("INSTANCE_COUNT", "1")
+    monkeypatch.setattr(boto3, "client", lambda service, **kw: sm)
+
+
+def test_handler_lambda_step_inputs_return_the_output_parameters(sm, monkeypatch):
+    lambda_env(monkeypatch, sm)
+    arn = register(sm, "Approved")
+    event = {
+        "model_package_arn": arn,
+        "endpoint_name": "other-endpoint",
+        "instance_type": "ml.c5.xlarge",
+        "instance_count": 2,
+    }
+    result = deploy_step.lambda_handler(event, None)
+    assert result["action"] == "created" and result["endpoint_name"] == "other-endpoint"
+    assert isinstance(result["endpoint_config_name"], str) and result["endpoint_config_name"]
+    variant = sm.describe_endpoint_config(EndpointConfigName=result["endpoint_config_name"])["ProductionVariants"][0]
+    assert (variant["InstanceType"], variant["InitialInstanceCount"]) == ("ml.c5.xlarge", 2)
+
+
+def test_handler_direct_call_uses_the_environment(sm, monkeypatch):
+    lambda_env(monkeypatch, sm)
+    arn = register(sm, "Approved")
+    result = deploy_step.lambda_handler({"model_package_arn": arn}, None)
+    assert result["action"] == "created" and result["endpoint_name"] == ENDPOINT
+    variant = sm.describe_endpoint_config(EndpointConfigName=result["endpoint_config_name"])["ProductionVariants"][0]
+    assert variant["InstanceType"] == "ml.m5.large"
+
+
+def test_handler_refusal_raises_so_the_step_fails(sm, monkeypatch):
+    lambda_env(monkeypatch, sm)
+    arn = register(sm, "PendingManualApproval")
+    with pytest.raises(deploy_step.NotApproved, match="approve it first"):
+        deploy_step.lambda_handler({"model_package_arn": arn}, None)
+
+
+def test_handler_eventbridge_event(sm, monkeypatch):
+    lambda_env(monkeypatch, sm)
+    arn = register(sm, "Approved")
+    event = {
+        "version": "0",
+        "source": "aws.sagemaker",
+        "detail-type": "SageMaker Model Package State Change",
+        "detail": {
+            "ModelPackageGroupName": GROUP,
+            "ModelPackageVersion": 1,
+            "ModelPackageArn": arn,
+            "ModelApprovalStatus": "Approved",
+        },
+    }
+    assert deploy_step.lambda_handler(event, None)["action"] == "created"
+    rejected = {**event, "detail": {**event["detail"], "ModelApprovalStatus": "Rejected"}}
+    assert deploy_step.lambda_handler(rejected, None)["action"] == "ignored"
+    assert counts(sm) == (1, 1, 1)
+
+
+def test_handler_rejects_unknown_events(sm, monkeypatch):
+    lambda_env(monkeypatch, sm)
+    with pytest.raises(deploy_step.DeployError, match="unrecognised event"):
+        deploy_step.lambda_handler({"hello": "world"}, None)
+
+
+def test_module_imports_only_stdlib_and_boto3():
+    source = (ROOT / "steps" / "deploy.py").read_text()
+    imports = {
+        line.split()[1].split(".")[0] for line in source.splitlines() if line.lstrip().startswith(("import ", "from "))
+    }
+    assert imports <= {"__future__", "hashlib", "json", "os", "re", "typing", "boto3"}
