@@ -13,11 +13,11 @@ from pathlib import Path
 
 import boto3
 import pytest
+from fixtures_ml import build_model, build_tokenizer
 
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.local.session import LocalAccount
-from fixtures_ml import build_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
