@@ -1,0 +1,202 @@
+"""training/train.py on CPU: real `torchrun --nproc_per_node 2` (gloo) runs on a tiny BERT, synthetic data."""
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fixtures_train import make_tiny_model, write_split
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "training" / "train.py"
+LOG_LINE = re.compile(
+    r"^step=(\d+) epoch=(\d+) loss=([0-9.]+) samples_per_sec=([0-9.]+) lr=([0-9.e+-]+)$", re.M
+)
+HYPERPARAMETERS = [
+    "--epochs",
+    "3",
+    "--batch-size",
+    "8",
+    "--learning-rate",
+    "5e-3",
+    "--max-length",
+    "64",
+    "--log-interval",
+    "5",
+    "--checkpoint-interval",
+    "5",
+    "--seed",
+    "7",
+    "--bf16",
+    "auto",
+]
+
+
+def load_train_module():
+    spec = importlib.util.spec_from_file_location("train_under_test", TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    model = make_tiny_model(root / "base-model")
+    write_split(root / "data" / "train", model, rows=288, seed=1, max_length=64, max_words=30)
+    write_split(root / "data" / "validation", model, rows=96, seed=2, max_length=64, max_words=30)
+    return root
+
+
+def torchrun(workspace: Path, out: Path, **popen) -> subprocess.Popen:
+    """Start a 2-process CPU training run writing into `out`."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(TRAIN),
+        "--model-id",
+        str(workspace / "base-model"),
+        "--train-dir",
+        str(workspace / "data" / "train"),
+        "--validation-dir",
+        str(workspace / "data" / "validation"),
+        "--model-dir",
+        str(out / "model"),
+        "--output-data-dir",
+        str(out / "output"),
+        "--checkpoint-dir",
+        str(out / "checkpoints"),
+        *HYPERPARAMETERS,
+        "--some-future-key",
+        "1",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(workspace: Path) -> dict[str, str]:
+    """An uninterrupted run and, started alongside it, a run stopped by SIGTERM after its first checkpoint and
+    then resumed. Returns their logs ("reference", "interrupted", "resumed")."""
+    reference = torchrun(workspace, workspace / "reference")
+    out = workspace / "interrupted"
+    interrupted = torchrun(workspace, out, start_new_session=True)
+    deadline = time.time() + 100
+    while not list((out / "checkpoints").glob("step-*/COMPLETE")):
+        assert interrupted.poll() is None and time.time() < deadline, finish(interrupted)
+        time.sleep(0.02)
+    interrupted.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
+    logs = {"interrupted": finish(interrupted), "reference": finish(reference)}
+    assert reference.returncode == 0, logs["reference"]
+    assert interrupted.returncode != 0, logs["interrupted"]
+    resumed = torchrun(workspace, out)
+    logs["resumed"] = finish(resumed)
+    assert resumed.returncode == 0, logs["resumed"]
+    return logs
+
+
+def test_learns_and_logs_contract_lines(runs):
+    log = runs["reference"]
+    lines = LOG_LINE.findall(log)
+    assert len(lines) >= 5, log
+    losses = [float(m) for m in re.findall(r"loss=([0-9.]+)", log)]
+    assert all(float(s) > 0 for s in re.findall(r"samples_per_sec=([0-9.]+)", log))
+    assert losses[-1] < 0.5 * losses[0], losses
+    accuracy = float(re.search(r"^val_accuracy=([0-9.]+)$", log, re.M).group(1))
+    assert accuracy > 0.8, log
+    assert "ignoring unknown arguments ['--some-future-key', '1']" in log
+
+
+def test_artifact_reloads_and_serves(workspace, runs):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out = workspace / "reference"
+    model_dir = out / "model"
+    assert (model_dir / "model.safetensors").exists()
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    assert model.config.label2id == {"negative": 0, "positive": 1}
+    AutoTokenizer.from_pretrained(model_dir)
+    assert (model_dir / "code" / "requirements.txt").exists()
+
+    spec = importlib.util.spec_from_file_location("inference_under_test", model_dir / "code" / "inference.py")
+    handler = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(handler)
+    loaded = handler.model_fn(str(model_dir))
+    body = json.dumps({"inputs": ["great excellent love it", "terrible awful broken refund"]})
+    prediction = handler.predict_fn(handler.input_fn(body, "application/json"), loaded)
+    result = json.loads(handler.output_fn(prediction, "application/json"))
+    assert [r["label"] for r in result] == ["positive", "negative"]
+    assert all(0.5 <= r["score"] <= 1 for r in result)
+    single = handler.predict_fn(
+        handler.input_fn(b'{"inputs": "love it"}', "application/json; charset=utf-8"), loaded
+    )
+    assert len(single) == 1
+
+    stats = json.loads((out / "output" / "training_stats.json").read_text())
+    assert stats["world_size"] == 2 and stats["device"] == "cpu" and stats["global_step"] == 54
+    assert (
+        0 < stats["padding_efficiency"] <= 1 and stats["samples_per_sec"] > 0 and stats["tokens_per_sec"] > 0
+    )
+
+
+def test_sigterm_then_resume_ends_with_identical_weights(workspace, runs):
+    out = workspace / "interrupted"
+    stopped = int(re.search(r"stopping on SIGTERM at step=(\d+)", runs["interrupted"]).group(1))
+    assert stopped < 54 and "saved model" not in runs["interrupted"]
+    assert f"resumed from checkpoint at step={stopped}" in runs["resumed"]
+    resumed = load_file(out / "model" / "model.safetensors")
+    expected = load_file(workspace / "reference" / "model" / "model.safetensors")
+    assert resumed.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(resumed[name], tensor), name
+
+
+def test_batch_order_is_a_pure_function_of_seed_and_epoch():
+    train = load_train_module()
+    lengths = np.random.default_rng(0).integers(5, 128, size=1000)
+    ranks = [train.train_batches(lengths, 16, seed=3, epoch=1, rank=r, world_size=2) for r in range(2)]
+    again = train.train_batches(lengths, 16, seed=3, epoch=1, rank=0, world_size=2)
+    other_epoch = train.train_batches(lengths, 16, seed=3, epoch=2, rank=0, world_size=2)
+    assert all(np.array_equal(a, b) for a, b in zip(ranks[0], again, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(ranks[0], other_epoch, strict=True))
+    seen = np.concatenate(ranks[0] + ranks[1])
+    assert len(seen) == len(set(seen)) == 992  # disjoint across ranks; only the partial batch is dropped
+    padded = sum(len(b) * lengths[b].max() for b in ranks[0] + ranks[1])
+    assert lengths[seen].sum() / padded > 0.9  # length grouping keeps padding low
+    assert train.length_buckets(128) == [32, 64, 128] and train.length_buckets(200) == [32, 64, 128, 200]
+    assert train.pad_length(33, [32, 64, 128], 1) == 64 and train.pad_length(33, None, 8) == 40
+
+
+def test_resume_skips_incomplete_and_truncated_checkpoints(tmp_path):
+    train = load_train_module()
+    train.save_checkpoint(tmp_path, 5, {"step": 5})
+    train.save_checkpoint(tmp_path, 10, {"step": 10})
+    (tmp_path / "step-00000015").mkdir()  # crashed before its marker
+    torch.save({"step": 15}, tmp_path / "step-00000015" / "checkpoint.pt")
+    assert train.load_latest_checkpoint(tmp_path)["step"] == 10
+    (tmp_path / "step-00000010" / "checkpoint.pt").write_bytes(b"truncated")
+    assert train.load_latest_checkpoint(tmp_path)["step"] == 5
+    for step in (20, 25, 30):
+        train.save_checkpoint(tmp_path, step, {"step": step})
+    assert [p.name for p in train.complete_checkpoints(tmp_path)] == ["step-00000025", "step-00000030"]

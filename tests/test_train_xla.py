@@ -1,0 +1,81 @@
+"""training/train.py on the XLA path (torch_xla on CPU, PJRT_DEVICE=CPU, one process): graphs stay bounded.
+
+Needs torch_xla (skipped without it), e.g. in a separate venv:
+`pip install torch==2.9.0 torch_xla==2.9.0 transformers pyarrow pytest`, then
+`PJRT_DEVICE=CPU python -m pytest tests/test_train_xla.py`.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch_xla")
+
+from fixtures_train import make_tiny_model, write_split  # noqa: E402
+
+TRAIN = Path(__file__).resolve().parents[1] / "training" / "train.py"
+# Graphs compiled once whatever the number of buckets: the first optimizer step (AdamW creates its state), the
+# loss read-out at each log interval, and the fresh on-device loss accumulator after each read-out.
+FIXED_TRAIN_GRAPHS = 3
+
+
+def test_compiled_graphs_are_one_per_length_bucket_and_never_recompiled(tmp_path):
+    model = make_tiny_model(tmp_path / "base-model")
+    write_split(tmp_path / "train", model, rows=96, seed=1, max_length=128, max_words=100)
+    write_split(tmp_path / "validation", model, rows=24, seed=2, max_length=128, max_words=100)
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(var, None)
+    cmd = [
+        sys.executable,
+        str(TRAIN),
+        "--model-id",
+        str(model),
+        "--train-dir",
+        str(tmp_path / "train"),
+        "--validation-dir",
+        str(tmp_path / "validation"),
+        "--model-dir",
+        str(tmp_path / "model"),
+        "--output-data-dir",
+        str(tmp_path / "output"),
+        "--checkpoint-dir",
+        str(tmp_path / "checkpoints"),
+        "--epochs",
+        "3",
+        "--batch-size",
+        "8",
+        "--max-length",
+        "128",
+        "--learning-rate",
+        "5e-3",
+        "--log-interval",
+        "4",
+        "--checkpoint-interval",
+        "0",
+        "--seed",
+        "3",
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    stats = json.loads((tmp_path / "output" / "training_stats.json").read_text())
+    assert stats["device"] == "xla" and stats["bf16"] is True and stats["length_buckets"] == [32, 64, 128]
+
+    spec = importlib.util.spec_from_file_location("train_under_test", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    lengths = train.TokenizedSplit(str(tmp_path / "train"), 128).lengths
+    batches = train.train_batches(lengths, 8, seed=3, epoch=0, rank=0, world_size=1)
+    used = {train.pad_length(int(lengths[b].max()), stats["length_buckets"], 1) for b in batches}
+    assert used == {32, 64, 128}
+
+    per_epoch = stats["compile_count_per_epoch"]
+    assert per_epoch[0] == len(used) + FIXED_TRAIN_GRAPHS, stats
+    assert per_epoch == [per_epoch[0]] * 3, "recompiled after the first epoch"
+    assert (tmp_path / "model" / "model.safetensors").exists()
