@@ -1,0 +1,79 @@
+"""Tiny offline stand-ins for the real model: a WordPiece tokenizer and a random 2-layer BERT classifier.
+
+Both are built in well under a second, saved to folders, and load with the Auto* classes like a Hub model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ROOT / "steps"
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+CORPUS = [
+    "the sound quality is great and the battery life is excellent",
+    "the motor is terrible and the lid is flimsy, waste of money",
+    "i have no complaints about the fit. five stars from me",
+    "not a single problem so far. highly recommended",
+    "the plot is not impressive. i returned it the next day",
+    "do not buy this. the stitching is cheap and the zippers broke",
+    "love it, works perfectly, exactly what i needed",
+    "disappointed: broke after a week, customer service never answered",
+    "mixed feelings. the screen is superb but the software is annoying",
+]
+
+
+def load_step(name: str, module_name: str | None = None) -> ModuleType:
+    """Import steps/<name>.py under module_name (steps/evaluate.py must not be imported as `evaluate`)."""
+    module_name = module_name or f"{name}_step"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, STEPS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_tokenizer(folder: Path, extra_texts: list[str] | None = None) -> Path:
+    """Train a lowercase WordPiece tokenizer on a few sentences and save it as a fast HF tokenizer."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(CORPUS + (extra_texts or []),
+                            trainers.WordPieceTrainer(vocab_size=400, special_tokens=SPECIALS))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    specials = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "pad", "cls", "sep", "mask")}
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=512, **specials)
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+def build_model(folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A random BertForSequenceClassification (hidden 32, 2 layers) saved with the tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=2, pad_token_id=0,
+                        id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(config).eval()
+    model.save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder

@@ -1,0 +1,251 @@
+"""Tests of steps/preprocess.py: sources, validation and drop counts, tokenization rule, stats, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fixtures_ml import STEPS, build_tokenizer, load_step
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+pre = load_step("preprocess")
+REASONS = {"malformed_row", "invalid_label", "missing_content", "empty_text"}
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def run(tok_dir: Path, source: str | Path, out: Path, *extra: str) -> dict:
+    """Run the step in-process; return stats.json."""
+    argv = ["--source", str(source), "--model-id", str(tok_dir), "--max-length", "32",
+            "--validation-share", "0.2", "--seed", "7", "--output-dir", str(out), *extra]
+    assert pre.main(argv) == 0
+    return json.loads((out / "stats" / "stats.json").read_text())
+
+
+def read(out: Path, split: str) -> pa.Table:
+    files = sorted((out / split).glob("part-*.parquet"))
+    assert files, f"no shards in {out / split}"
+    return pa.concat_tables(pq.read_table(f) for f in files)
+
+
+def good_rows(n: int, start: int = 0) -> list[dict]:
+    return [{"label": i % 2, "title": f"title {i}", "content": f"the sound quality is great {i}"}
+            for i in range(start, start + n)]
+
+
+def test_sample_is_deterministic_balanced_and_follows_schema(tok_dir: Path, tmp_path: Path) -> None:
+    a = run(tok_dir, "sample:300", tmp_path / "a")
+    run(tok_dir, "sample:300", tmp_path / "b")
+    run(tok_dir, "sample:300", tmp_path / "c", "--seed", "8")
+    for split in pre.SPLITS:
+        shard = f"{split}/part-00000.parquet"
+        assert (tmp_path / "a" / shard).read_bytes() == (tmp_path / "b" / shard).read_bytes()
+    test_a, test_c = (tmp_path / d / "test" / "part-00000.parquet" for d in "ac")
+    assert test_a.read_bytes() != test_c.read_bytes()
+
+    out = a["output"]
+    assert a["input"]["train"]["rows_in"] == 300 and a["input"]["test"]["rows_in"] == 30
+    assert out["train"]["rows"] + out["validation"]["rows"] == 300
+    assert 20 <= out["validation"]["rows"] <= 100  # share 0.2, drawn per row
+    for label in ("0", "1"):  # exactly balanced overall
+        assert out["train"]["labels"][label] + out["validation"]["labels"][label] == 150
+        assert out["test"]["labels"][label] == 15
+    table = read(tmp_path / "a", "train")
+    assert table.schema == pre.SCHEMA
+    assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("token_type_ids").type == pa.list_(pa.int8())
+    lengths = table["length"].to_numpy()
+    assert np.array_equal(lengths, [len(x) for x in table["input_ids"].to_pylist()])
+    assert lengths.max() <= 32 and len(set(lengths.tolist())) > 5  # varied lengths, truncated to max_length
+
+
+def test_sample_text_is_varied_with_negations_and_mixed_reviews() -> None:
+    reviews = [t for _, t in (pre.synthetic_review(pre.random.Random(i), i % 2) for i in range(400))]
+    assert len(set(reviews)) == 400
+    assert sum(" not " in r or "never" in r or "no complaints" in r for r in reviews) > 100
+    assert sum(r.startswith("But") or " But " in r or "However" in r for r in reviews) > 20
+    words = [len(r.split()) for r in reviews]
+    assert min(words) < 10 and max(words) > 150
+
+
+def test_stats_percentiles_and_truncation_match_output(tok_dir: Path, tmp_path: Path) -> None:
+    stats = run(tok_dir, "sample:400", tmp_path)
+    for split in pre.SPLITS:
+        lengths = read(tmp_path, split)["length"].to_numpy()
+        got = stats["output"][split]["token_length"]
+        for q in (50, 90, 95, 99):
+            assert got[f"p{q}"] == int(np.percentile(lengths, q, method="inverted_cdf")), (split, q)
+        assert got["max"] == lengths.max()
+        assert stats["output"][split]["truncated"] <= int((lengths == 32).sum())
+    assert stats["output"]["train"]["truncated"] > 0
+    assert stats["seconds"] > 0
+
+
+def test_tokenization_rule(tok_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoTokenizer
+
+    monkeypatch.setattr(pre, "CHUNK_ROWS", 2)  # several chunks: token types derived after the first check
+    tok = AutoTokenizer.from_pretrained(str(tok_dir), use_fast=True)
+    long_content = " ".join(["great sound"] * 40)
+    long_title = " ".join(["battery life"] * 40)
+    rows = [
+        {"label": 1, "title": "love it", "content": "the sound quality is great"},
+        {"label": 0, "title": "disappointed", "content": long_content},  # content cut, title kept
+        {"label": 1, "title": "  ", "content": "five stars"},  # no title: single sequence
+        {"label": 0, "title": long_title, "content": "waste of money"},  # title leaves no room: both cut
+        {"label": 1, "title": "great [SEP] sound", "content": "the [SEP] lid"},  # literal [SEP]s in the text
+    ]
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), data / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), data / "test.parquet")
+    run(tok_dir, data, tmp_path / "out", "--validation-share", "0")
+    got = read(tmp_path / "out", "test").to_pylist()
+
+    def expect(*texts: str, strategy: str) -> dict:
+        return tok(*texts, truncation=strategy, max_length=32, return_token_type_ids=True)
+
+    cases = [expect("love it", "the sound quality is great", strategy="only_second"),
+             expect("disappointed", long_content, strategy="only_second"),
+             expect("five stars", strategy="longest_first"),
+             expect(long_title, "waste of money", strategy="longest_first"),
+             expect("great [SEP] sound", "the [SEP] lid", strategy="only_second")]
+    for row, want, src in zip(got, cases, rows, strict=True):
+        assert row["input_ids"] == want["input_ids"]
+        assert row["token_type_ids"] == want["token_type_ids"]
+        assert row["label"] == src["label"] and row["length"] == len(want["input_ids"])
+    assert tok.decode(got[1]["input_ids"]).split("[SEP]")[0].strip().endswith("disappointed")
+    assert set(got[2]["token_type_ids"]) == {0}
+    assert got[4]["input_ids"].count(tok.sep_token_id) == 4  # the [SEP]s of the text are special tokens too
+    assert len(read(tmp_path / "out", "validation")) == 0  # share 0: an empty shard with the schema
+
+
+def write_csv(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("label,title,content\n" + "\n".join(lines) + "\n")
+
+
+def test_csv_bad_rows_are_dropped_and_counted(tok_dir: Path, tmp_path: Path) -> None:
+    good = [f'{i % 2},"title {i}","the sound is great {i}"' for i in range(20)]
+    bad = [
+        '2,"t","label out of range"',
+        'abc,"t","unparsable label"',
+        ',"t","missing label"',
+        '-1,"t","negative label"',
+        '1,"t",',  # content missing (unquoted empty field)
+        '0,"","   "',  # title and content empty
+        '1,,""',  # no title, empty content
+        '1,"t","too","many","fields"',  # malformed
+    ]
+    write_csv(tmp_path / "in" / "train" / "part1.csv", good[:10] + bad[:4])
+    write_csv(tmp_path / "in" / "train" / "part2.csv", good[10:] + bad[4:])
+    write_csv(tmp_path / "in" / "test" / "data.csv", good[:5] + ['1,"only a title",""'])
+    stats = run(tok_dir, tmp_path / "in", tmp_path / "out", "--max-bad-share", "0.5")
+    train = stats["input"]["train"]
+    assert train["dropped"] == {"malformed_row": 1, "invalid_label": 4, "missing_content": 1, "empty_text": 2}
+    assert train["rows_in"] == 28 and train["rows_out"] == 20 and train["dropped_total"] == 8
+    assert stats["output"]["train"]["rows"] + stats["output"]["validation"]["rows"] == 20
+    test = stats["input"]["test"]
+    assert test["rows_out"] == 6 and test["dropped_total"] == 0  # a title alone is enough text
+    assert stats["output"]["test"]["rows"] == 6
+
+
+def test_jsonl_and_parquet_bad_rows(tok_dir: Path, tmp_path: Path) -> None:
+    lines = [json.dumps(r) for r in good_rows(12)]
+    lines += [
+        json.dumps({"label": "positive", "title": "t", "content": "label as a name"}),  # kept
+        json.dumps({"label": 1.0, "title": "t", "content": "float label"}),  # kept
+        json.dumps({"label": None, "title": "t", "content": "null label"}),
+        json.dumps({"label": 3, "title": "t", "content": "label 3"}),
+        json.dumps({"label": 1, "title": "t", "content": None}),
+        json.dumps({"label": 1, "title": "t"}),  # no content key
+        json.dumps({"label": 0, "title": None, "content": ""}),
+        "{not json",
+        "[1, 2]",
+    ]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "train.jsonl").write_text("\n".join(lines) + "\n")
+    test = pa.table({"label": pa.array([0, 1, 2, 1, 0], pa.int64()),
+                     "title": ["a", None, "c", "d", ""],
+                     "content": ["the sound", "great", "bad label", None, " "]})
+    pq.write_table(test, tmp_path / "in" / "test.parquet")
+    stats = run(tok_dir, tmp_path / "in", tmp_path / "out", "--max-bad-share", "1")
+    assert stats["input"]["train"]["dropped"] == {
+        "malformed_row": 2, "invalid_label": 2, "missing_content": 2, "empty_text": 1}
+    assert stats["input"]["train"]["rows_out"] == 14
+    assert stats["input"]["test"]["dropped"] == {
+        "malformed_row": 0, "invalid_label": 1, "missing_content": 1, "empty_text": 1}
+    assert read(tmp_path / "out", "test")["label"].to_pylist() == [0, 1]
+
+
+def test_max_rows_per_split(tok_dir: Path, tmp_path: Path) -> None:
+    stats = run(tok_dir, "sample:500", tmp_path, "--max-rows-per-split", "120")
+    assert stats["input"]["train"]["rows_in"] == 120 and stats["input"]["test"]["rows_in"] == 50
+
+
+def test_validation_split_is_seeded_and_chunk_independent() -> None:
+    positions = np.arange(50_000)
+    mask = pre.validation_mask(positions, 0.05, 42)
+    assert abs(mask.mean() - 0.05) < 0.005
+    assert np.array_equal(mask[1000:2000], pre.validation_mask(positions[1000:2000], 0.05, 42))
+    assert not np.array_equal(mask, pre.validation_mask(positions, 0.05, 43))
+
+    def splitmix(seed: int, i: int) -> float:  # plain-Python SplitMix64 reference
+        m, gamma = (1 << 64) - 1, 0x9E3779B97F4A7C15
+
+        def mix(x: int) -> int:
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+            return x ^ (x >> 31)
+
+        return (mix((mix(seed * gamma & m) + (i + 1) * gamma) & m) >> 11) / 2**53
+
+    assert mask[:300].tolist() == [splitmix(42, i) < 0.05 for i in range(300)]
+    assert 5 <= mask[:300].sum() <= 30  # no clustering at the start
+
+
+def test_bad_input_errors_name_the_file(tok_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = tmp_path / "in"
+    write_csv(folder / "train.csv", ['1,"t","fine"'])
+    (folder / "test.csv").write_text("stars,body\n1,hello\n")
+    argv = ["--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out")]
+    assert pre.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "test.csv" in err and "label column" in err
+
+    (folder / "test.csv").unlink()
+    (folder / "test.parquet").write_bytes(b"this is not parquet")
+    assert pre.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "test.parquet" in err
+
+    (folder / "test.parquet").unlink()
+    assert pre.main(argv) == 1
+    assert "no test files" in capsys.readouterr().err
+
+
+def test_cli_fails_when_too_many_rows_are_bad(tok_dir: Path, tmp_path: Path) -> None:
+    rows = [f'{i % 2},"t","fine {i}"' for i in range(95)] + ['7,"t","x"'] * 5
+    write_csv(tmp_path / "in" / "train.csv", rows)
+    write_csv(tmp_path / "in" / "test.csv", ['1,"t","fine"'])
+    cmd = [sys.executable, str(STEPS / "preprocess.py"), "--source", str(tmp_path / "in"), "--model-id",
+           str(tok_dir), "--max-length", "32", "--validation-share", "0.05", "--seed", "42",
+           "--max-bad-share", "0.01", "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "train: 5 of 100 rows are bad" in proc.stderr and "invalid_label=5" in proc.stderr
+    assert "--max-bad-share" in proc.stderr
+    stats = json.loads((tmp_path / "out" / "stats" / "stats.json").read_text())
+    assert stats["input"]["train"]["dropped"]["invalid_label"] == 5 and "error" in stats
