@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from moto import mock_aws
 
 from pipeline import models_aws
-from pipeline.aws import Aws, AwsError
+from pipeline.aws import AwsError
 
 REGION = "us-east-1"
 GROUP = "trainium-bert"
@@ -15,13 +14,6 @@ SPEC = {
     "SupportedContentTypes": ["application/json"],
     "SupportedResponseMIMETypes": ["application/json"],
 }
-
-
-@pytest.fixture(scope="module")
-def moto_session(no_network_module):
-    """One moto session and one Aws for the module (a new session costs ~1 s); each test resets moto."""
-    with mock_aws() as mock:
-        yield mock, Aws(REGION)
 
 
 @pytest.fixture

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from pipeline import triggers
-from pipeline.aws import Aws, AwsError
+from pipeline.aws import AwsError
 from pipeline.config import load_config
 from pipeline.triggers import TriggerSettings
 
@@ -39,13 +38,6 @@ _spec.loader.exec_module(deploy_step)
 def config(**sets: str):
     overrides = [f"{k}={v}" for k, v in {"data.source": f"s3://{BUCKET}/reviews/", **sets}.items()]
     return load_config(ROOT / "pipeline.yaml", overrides=overrides, environ={})
-
-
-@pytest.fixture(scope="module")
-def moto_session(no_network_module):
-    """One moto session and one Aws for the module (a new session costs ~1 s); each test resets moto."""
-    with mock_aws() as mock:
-        yield mock, Aws(REGION)
 
 
 @pytest.fixture
