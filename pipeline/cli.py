@@ -91,6 +91,7 @@ def upsert() -> None:
     cfg = state.config()
     report = do_upsert(cfg, _definition_json(cfg), Aws(cfg.aws.region))
     console.print(f"code: {len(report.uploaded)} object(s) uploaded, {len(report.skipped)} already there")
+    console.print(f"deploy Lambda {cfg.deploy.lambda_function_name}: {report.lambda_action}")
     console.print(f"pipeline {cfg.pipeline.name} {report.action}: {report.pipeline_arn}")
     for kind in ("added", "removed", "changed"):
         if report.steps.get(kind):

@@ -161,6 +161,7 @@ class Deploy(Section):
     instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
     instance_count: int = Field(default=1, ge=1)
     lambda_function_name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    lambda_role_arn: str | None = Field(default=None, pattern=ROLE_ARN)
     data_capture_s3_uri: str | None = Field(default=None, pattern=S3_URI)
     guardrails_alarm: str | None = None
 

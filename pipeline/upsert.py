@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import json
+import zipfile
 from dataclasses import dataclass, field
 
 from pipeline.aws import MAX_INLINE_DEFINITION, Aws, explained, split_s3_uri
@@ -42,9 +45,80 @@ def changed_steps(old: dict | None, new: dict) -> dict[str, list[str]]:
     }
 
 
+LAMBDA_RUNTIME = "python3.12"
+LAMBDA_HANDLER = "deploy.lambda_handler"
+
+
+def deploy_lambda_zip() -> bytes:
+    """`steps/deploy.py` as `deploy.py` in a reproducible zip (fixed time and mode)."""
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        info = zipfile.ZipInfo("deploy.py", date_time=(1980, 1, 1, 0, 0, 0))
+        info.external_attr = 0o644 << 16
+        archive.writestr(info, bundles()["steps"].files["deploy.py"])
+    return raw.getvalue()
+
+
+def deploy_lambda_settings(cfg: Config) -> dict:
+    """Configuration of the deploy Lambda: the handler reads the endpoint settings from its environment."""
+    variables = {
+        "ENDPOINT_NAME": cfg.deploy.endpoint_name,
+        "INSTANCE_TYPE": cfg.deploy.instance_type,
+        "INSTANCE_COUNT": str(cfg.deploy.instance_count),
+        "SAGEMAKER_ROLE_ARN": cfg.aws.role_arn,
+    }
+    if cfg.deploy.data_capture_s3_uri:
+        variables["DATA_CAPTURE_S3_URI"] = cfg.deploy.data_capture_s3_uri
+    if cfg.deploy.guardrails_alarm:
+        variables["GUARDRAILS_ALARM"] = cfg.deploy.guardrails_alarm
+    return {
+        "Role": cfg.deploy.lambda_role_arn,
+        "Handler": LAMBDA_HANDLER,
+        "Runtime": LAMBDA_RUNTIME,
+        "Timeout": 300,
+        "MemorySize": 256,
+        "Environment": {"Variables": variables},
+    }
+
+
+def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
+    """Create the deploy Lambda from `steps/deploy.py`, or update its code and configuration where they differ."""
+    if not cfg.deploy.lambda_role_arn:
+        return "not managed (set deploy.lambda_role_arn to let upsert create it)"
+    lam, name = aws.client("lambda"), cfg.deploy.lambda_function_name
+    code, settings = deploy_lambda_zip(), deploy_lambda_settings(cfg)
+    with explained(f"look up Lambda {name}"):
+        try:
+            current = lam.get_function(FunctionName=name)["Configuration"]
+        except lam.exceptions.ResourceNotFoundException:
+            current = None
+    if current is None:
+        with explained(f"create Lambda {name}"):
+            lam.create_function(
+                FunctionName=name,
+                Code={"ZipFile": code},
+                Description="Deploys approved model versions",
+                Tags=dict(cfg.aws.tags),
+                **settings,
+            )
+        return "created"
+    actions = []
+    if current.get("CodeSha256") != base64.b64encode(hashlib.sha256(code).digest()).decode():
+        with explained(f"update code of Lambda {name}"):
+            lam.update_function_code(FunctionName=name, ZipFile=code)
+            lam.get_waiter("function_updated_v2").wait(FunctionName=name)
+        actions.append("code")
+    if any(current.get(key) != value for key, value in settings.items()):
+        with explained(f"update configuration of Lambda {name}"):
+            lam.update_function_configuration(FunctionName=name, **settings)
+        actions.append("configuration")
+    return f"updated {' and '.join(actions)}" if actions else "unchanged"
+
+
 @dataclass
 class UpsertReport:
     action: str = ""
+    lambda_action: str = ""
     pipeline_arn: str = ""
     uploaded: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -67,6 +141,7 @@ def upsert(cfg: Config, definition_json: str, aws: Aws) -> UpsertReport:
     """Upload the step code, then create the pipeline or update it to `definition_json`."""
     report = UpsertReport()
     upload_code(cfg, aws, report)
+    report.lambda_action = upsert_deploy_lambda(cfg, aws)
     name = cfg.pipeline.name
     with explained(f"describe pipeline {name}"):
         old = aws.pipeline_definition(name)

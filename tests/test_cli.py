@@ -251,3 +251,23 @@ def test_triggers_commands(aws, capsys):
     code, out, err = cli(capsys, "triggers", "delete")
     assert code == 0 and "trainium-bert-deploy-on-approval" in out
     assert boto3.client("events", region_name="us-east-1").list_rules()["Rules"] == []
+
+
+def test_upsert_creates_then_updates_the_deploy_lambda(aws, capsys):
+    role = boto3.client("iam", region_name="us-east-1").create_role(
+        RoleName="deploy-lambda", AssumeRolePolicyDocument="{}"
+    )["Role"]["Arn"]
+    sets = [*SETS, "--set", f"deploy.lambda_role_arn={role}"]
+    code, out, err = cli(capsys, *sets, "upsert")
+    assert code == 0, err
+    assert "deploy Lambda trainium-bert-deploy: created" in out
+    lambdas = boto3.client("lambda", region_name="us-east-1")
+    function = lambdas.get_function(FunctionName="trainium-bert-deploy")["Configuration"]
+    assert function["Handler"] == "deploy.lambda_handler" and function["Role"] == role
+    assert function["Environment"]["Variables"]["ENDPOINT_NAME"] == "trainium-bert"
+    code, out, err = cli(capsys, *sets, "upsert")
+    assert code == 0 and "deploy Lambda trainium-bert-deploy: unchanged" in out
+    code, out, err = cli(capsys, *sets, "--set", "deploy.endpoint_name=other", "upsert")
+    assert code == 0 and "deploy Lambda trainium-bert-deploy: updated configuration" in out
+    function = lambdas.get_function(FunctionName="trainium-bert-deploy")["Configuration"]
+    assert function["Environment"]["Variables"]["ENDPOINT_NAME"] == "other"
