@@ -203,3 +203,41 @@ def test_unknown_step_type_is_an_error_naming_the_step(root):
     dag = {"Parameters": [], "Steps": [{"Name": "Odd", "Type": "EMR", "Arguments": {}}]}
     execution = LocalRunner(dag, "demo", root).run()
     assert execution.steps["Odd"].reason == "step Odd: step type 'EMR' is not supported by the local runner"
+
+
+def test_ctrl_c_stops_the_running_step_and_marks_the_execution_stopped(root):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    LocalS3(root).put_bytes(
+        "s3://bucket/code/job.py",
+        b"import time, pathlib, os\n"
+        b"pathlib.Path(os.environ['PID_FILE']).write_text(str(os.getpid()))\ntime.sleep(120)\n",
+    )
+    script = (
+        "import json, sys\nfrom pathlib import Path\nfrom pipeline.local.runner import LocalRunner\n"
+        f"dag = json.loads({json.dumps(json.dumps(definition(root / 'runs.txt')))})\n"
+        f"execution = LocalRunner(dag, 'demo', Path({str(root)!r})).run()\n"
+        "print(execution.status)\n"
+    )
+    pid_file = root / "job.pid"
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, "PID_FILE": str(pid_file)}, stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists(), "the step never started"
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=60)
+    assert out.strip() == "Stopped"
+    job = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{job}").exists() or "zombie" in Path(f"/proc/{job}/status").read_text().lower()
+    (saved,) = (root / "executions" / "demo").glob("*/execution.json")
+    execution = Execution.load(saved)
+    assert execution.status == "Stopped"
+    assert execution.steps["A"].status == "Stopped" and execution.steps["B"].status == "NotStarted"
