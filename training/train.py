@@ -319,8 +319,8 @@ def main(argv: list[str] | None = None) -> None:
             dist.init_process_group("nccl", device_id=device)
     else:
         device_type, device = "cpu", torch.device("cpu")
-        # one process per core share: N processes x all-core thread pools thrash a small CPU
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        if "OMP_NUM_THREADS" not in os.environ:  # N processes x all-core thread pools thrash a small CPU
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         if distributed:
             dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
