@@ -29,7 +29,6 @@ METRIC_DEFINITIONS = [
     {"name": "train:learning_rate", "regex": r" lr=([0-9.eE+-]+)"},
     {"name": "validation:accuracy", "regex": r"val_accuracy=([0-9.eE+-]+)"},
 ]
-CAPACITY_ERRORS = ["SageMaker.CAPACITY_ERROR", "SageMaker.RESOURCE_LIMIT"]
 
 
 def _offline_sdk(region: str) -> None:
