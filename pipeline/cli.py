@@ -232,7 +232,114 @@ def serve(
         port or account.cfg.local.port,
         version=str(chosen.version),
         on_ready=lambda url: console.print(f"serving version {chosen.version} at {url} (Ctrl-C stops)"),
+        environment=chosen.environment,
     )
+
+
+@app.command()
+def cost(
+    execution: Annotated[str | None, typer.Argument(help="Execution id or ARN (default: latest).")] = None,
+    local: LOCAL = False,
+    root: ROOT = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """What each job of an execution cost (instances x billable seconds x on-demand price), the total, and the
+    training throughput and cost per million samples. --local: the would-be AWS cost of a local run's wall time."""
+    from pipeline import cost as costs
+
+    cfg = state.config()
+    if local:
+        report = costs.local_costs(_local(root), execution, cfg.prices)
+    else:
+        aws = Aws(cfg.aws.region)
+        report = costs.sagemaker_costs(aws, _execution_arn(cfg, aws, execution), cfg.prices)
+    if as_json:
+        sys.stdout.write(costs.to_json(report) + "\n")
+    else:
+        costs.print_report(report, console)
+
+
+@app.command()
+def compare(
+    instance_types: Annotated[
+        list[str] | None,
+        typer.Option("--instance-types", "-i", help="Instance types, the baseline first: -i A B C or -i A,B,C."),
+    ] = None,
+    more: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="TYPE_OR_JOB...", help="More instance types (job names with --jobs).", show_default=False
+        ),
+    ] = None,
+    jobs: Annotated[
+        list[str] | None,
+        typer.Option("--jobs", help="Report on these training jobs (started by compare) instead of starting new ones."),
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(help="S3 prefix holding tokenized train/ and validation/ (default: latest succeeded execution)."),
+    ] = None,
+    max_steps: Annotated[int, typer.Option(help="Optimizer steps of every run.")] = 1000,
+    global_batch: Annotated[
+        int | None,
+        typer.Option(
+            help="Samples per optimizer step of every run (default: the configured training's).", show_default=False
+        ),
+    ] = None,
+    max_device_batch: Annotated[int, typer.Option(help="Largest per-device batch; more uses grad accumulation.")] = 64,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the job requests; start nothing.")] = False,
+    out: Annotated[Path, typer.Option(help="Folder for compare.md, compare.json, compare.png.")] = Path("compare"),
+    wait_: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the jobs and write the report.")] = True,
+    poll: Annotated[float, typer.Option(help="Seconds between status polls.")] = 60.0,
+) -> None:
+    """Run the Train step alone once per instance type (same data, hyperparameters, global batch and steps) and
+    show wall time, billable time, samples/s, loss, accuracy and cost side by side, with ratios to the first."""
+    from pipeline import compare as cmp
+
+    cfg = state.config()
+    aws: Aws | None = None
+    if jobs and instance_types:
+        raise cmp.CompareError("--jobs and --instance-types: expected one of them, not both")
+    if jobs:
+        names = [*jobs, *(more or [])]
+    else:
+        types = [t for value in [*(instance_types or []), *(more or [])] for t in value.split(",") if t]
+        cmp.check_instance_types(types)
+        tokenized = cmp.tokenized_at(data) if data else None
+        definition = json.loads(_definition_json(cfg))
+        if tokenized is None:
+            aws = Aws(cfg.aws.region)
+            tokenized = cmp.latest_tokenized(aws, cfg, definition)
+        planned = cmp.plan(
+            cfg,
+            definition,
+            types,
+            tokenized,
+            max_steps=max_steps,
+            global_batch=global_batch,
+            max_device_batch=max_device_batch,
+        )
+        errors.print(
+            f"{len(planned.requests)} job(s): global batch {planned.global_batch}, {planned.max_steps} steps, "
+            f"data {tokenized['train'].rsplit('/', 1)[0]}"
+        )
+        if dry_run:
+            sys.stdout.write(json.dumps(planned.to_dict(), indent=2) + "\n")
+            return
+        aws = aws or Aws(cfg.aws.region)
+        names = cmp.start(aws, cfg, planned)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "requests.json").write_text(json.dumps(planned.to_dict(), indent=2) + "\n")
+        console.print(f"started {', '.join(names)}")
+        console.print(f"report later with: trainium-pipeline compare --out {out} --jobs {' '.join(names)}")
+        if not wait_:
+            return
+    aws = aws or Aws(cfg.aws.region)
+    described = cmp.wait(aws, names, console, poll) if wait_ else cmp.describe(aws, names)
+    result = cmp.report(aws, cfg, described)
+    console.print(cmp.table(result))
+    for path in cmp.write_outputs(result, out):
+        console.print(f"wrote {path}")
 
 
 models_app = typer.Typer(help="Model versions in the registry: list, describe, approve, reject.", no_args_is_help=True)
@@ -431,6 +538,9 @@ def main() -> None:
     from pipeline.local.session import DeployRefused
 
     local_errors = (ExpressionError, ModelNotFoundError, LocalParameterError, DeployRefused, ExecutionNotFound)
+    from pipeline.compare import CompareError
+
+    local_errors = (*local_errors, CompareError)
 
     try:
         app()

@@ -10,6 +10,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.prices import DEFAULT_PRICES
+
 INSTANCE_TYPE = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
 ROLE_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$"
 S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
@@ -84,6 +86,18 @@ class Images(Section):
     training: str = Field(pattern=r"neuronx")
     processing: str
     inference: str
+    # GPU training image for `compare` on p*/g* instances (same train.py; carries transformers and pyarrow)
+    training_cuda: str = (
+        "763104351884.dkr.ecr.{region}.amazonaws.com/"
+        "huggingface-pytorch-training:2.8.0-transformers4.56.2-gpu-py312-cu129-ubuntu22.04"
+    )
+
+    @field_validator("training_cuda")
+    @classmethod
+    def _cuda_image(cls, v: str) -> str:
+        if "gpu" not in v or "neuron" in v:
+            raise ValueError(f"images.training_cuda={v!r}: expected a GPU training image (a tag with 'gpu')")
+        return v
 
 
 class Data(Section):
@@ -150,6 +164,8 @@ class Training(Section):
 
 class Evaluation(ProcessingResources):
     accuracy_threshold: float = Field(default=0.85, ge=0, le=1)
+    int8: bool = True
+    int8_tolerance: float = Field(default=0.005, ge=0, le=1)
 
 
 class Registry(Section):
@@ -164,6 +180,8 @@ class Deploy(Section):
     lambda_role_arn: str | None = Field(default=None, pattern=ROLE_ARN)
     data_capture_s3_uri: str | None = Field(default=None, pattern=S3_URI)
     guardrails_alarm: str | None = None
+    model_server_workers: int = Field(default=2, ge=1, le=64)
+    max_texts: int = Field(default=256, ge=1, le=10000)
 
 
 class Triggers(Section):
@@ -199,6 +217,49 @@ class Local(Section):
     port: int = Field(default=8080, ge=0, le=65535)
 
 
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        flat.update(_flatten(value, name) if isinstance(value, dict) else {name: value})
+    return flat
+
+
+class Prices(Section):
+    """On-demand price per instance-hour by instance type, for `cost` and `compare`.
+
+    `on_demand` overrides or adds to pipeline.prices.DEFAULT_PRICES; `null` makes a type's price unknown.
+    """
+
+    currency: str = "USD"
+    on_demand: dict[str, float | None] = {}
+
+    @field_validator("currency")
+    @classmethod
+    def _currency(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Z]{3}", v):
+            raise ValueError(f"prices.currency={v!r}: expected a 3-letter currency code like USD")
+        return v
+
+    @field_validator("on_demand", mode="before")
+    @classmethod
+    def _prices(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        # `--set prices.on_demand.ml.trn1.32xlarge=20` arrives as nested keys: join them back
+        flat = _flatten(v)
+        for key, price in flat.items():
+            if not re.match(INSTANCE_TYPE, key):
+                raise ValueError(f"prices.on_demand.{key}: expected an instance type like ml.trn1.32xlarge as key")
+            if price is not None and (isinstance(price, bool) or not isinstance(price, int | float) or price <= 0):
+                raise ValueError(f"prices.on_demand.{key}={price!r}: expected a price per hour > 0, or null")
+        return {key: None if price is None else float(price) for key, price in flat.items()}
+
+    def price(self, instance_type: str) -> float | None:
+        """Price per instance-hour, or None when unknown."""
+        return {**DEFAULT_PRICES, **self.on_demand}.get(instance_type)
+
+
 class Config(Section):
     """Everything a user changes, one section per concern."""
 
@@ -213,6 +274,7 @@ class Config(Section):
     deploy: Deploy
     triggers: Triggers = Triggers()
     local: Local = Local()
+    prices: Prices = Prices()
 
     @model_validator(mode="after")
     def _new_data_needs_s3(self) -> Config:
@@ -237,7 +299,7 @@ class Config(Section):
     def deploy_lambda_arn(self) -> str:
         return f"arn:aws:lambda:{self.aws.region}:{self.aws.account}:function:{self.deploy.lambda_function_name}"
 
-    def image(self, kind: Literal["training", "processing", "inference"]) -> str:
+    def image(self, kind: Literal["training", "processing", "inference", "training_cuda"]) -> str:
         return getattr(self.images, kind).replace("{region}", self.aws.region)
 
 

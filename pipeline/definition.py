@@ -292,6 +292,9 @@ def build_pipeline(cfg: Config) -> Pipeline:
                 f"{PROCESSING}/test",
                 "--output-dir",
                 f"{PROCESSING}/evaluation",
+                "--int8" if cfg.evaluation.int8 else "--no-int8",
+                "--int8-tolerance",
+                str(cfg.evaluation.int8_tolerance),
             ],
         ),
         property_files=[evaluation_report],
@@ -313,7 +316,16 @@ def build_pipeline(cfg: Config) -> Pipeline:
         s3_model_data_url=model_data,
         role_arn=cfg.aws.role_arn,
         sagemaker_session=session,
-        env_vars={"SAGEMAKER_PROGRAM": "inference.py", "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code"},
+        env_vars={
+            "SAGEMAKER_PROGRAM": "inference.py",
+            "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code",
+            "SAGEMAKER_MODEL_SERVER_WORKERS": str(cfg.deploy.model_server_workers),
+            "INFERENCE_MAX_TEXTS": str(cfg.deploy.max_texts),
+            # fp32 or int8, as the evaluation chose on the test split
+            "INFERENCE_QUANTIZE": JsonGet(
+                step_name=evaluate.name, property_file=evaluation_report, json_path="inference.quantize"
+            ),
+        },
     )
     register = ModelStep(
         name="RegisterModel",

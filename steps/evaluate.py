@@ -7,10 +7,16 @@ length (sorted by length, padded per batch), then writes OUTPUT/evaluation.json:
     {"metrics": {"accuracy": {"value": 0.91, "standard_deviation": "NaN"}, "precision": {...},
                  "recall": {...}, "f1": {...}},
      "confusion_matrix": {"0": {"0": tn, "1": fp}, "1": {"0": fn, "1": tp}},   # actual -> predicted
-     "samples": N}
+     "samples": N,
+     "inference": {"quantize": "int8" | "none", "fp32_accuracy": 0.91, "int8_accuracy": 0.909,
+                   "tolerance": 0.005, "reason": "..."}}
 
 Precision, recall and F1 are those of the positive class (label 1). Accuracy is computed by the `evaluate`
 library with the metric module shipped in metrics/accuracy/ (loaded by path, never from the Hub).
+
+The int8 variant (every Linear layer dynamically quantized, exactly as the endpoint's handler does it) is scored on
+the same rows; "inference.quantize" is "int8" when its accuracy is at most --int8-tolerance below fp32's, and the
+pipeline passes that choice to the endpoint (INFERENCE_QUANTIZE). Its accuracy is also the metric "int8_accuracy".
 """
 
 from __future__ import annotations
@@ -143,6 +149,30 @@ def predict(model: Any, table: pa.Table, batch_size: int, pad_id: int) -> np.nda
     return preds
 
 
+def quantize_int8(model: Any) -> Any:
+    """The endpoint's int8 variant: torch dynamic quantization of every Linear layer (see training/inference.py)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in favour of torchao, and still works
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def choose_variant(fp32: float, int8: float | None, tolerance: float, note: str = "") -> dict[str, Any]:
+    """The "inference" section: int8 only when it was measured and lost at most `tolerance` accuracy."""
+    chosen = int8 is not None and int8 >= fp32 - tolerance
+    if int8 is None:
+        reason = note or "int8 not evaluated"
+    else:
+        reason = f"int8 accuracy {int8:.4f} is {'within' if chosen else 'more than'} {tolerance:g} of fp32 {fp32:.4f}"
+    return {"quantize": "int8" if chosen else "none", "fp32_accuracy": fp32, "int8_accuracy": int8,
+            "tolerance": tolerance, "reason": reason}
+
+
 def accuracy(predictions: np.ndarray, references: np.ndarray) -> float:
     """Accuracy from the project's metric module, through the `evaluate` library."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -179,13 +209,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         folder, where = find_model(Path(args.model_dir), Path(scratch))
         model = load_model(folder, str(where))
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    labels = table["label"].to_numpy()
     preds = predict(model, table, args.batch_size, pad_id)
-    result = report(preds, table["label"].to_numpy())
+    result = report(preds, labels)
+    fp32, int8, note = result["metrics"]["accuracy"]["value"], None, "--no-int8 was given"
+    if args.int8:
+        try:
+            quantized = quantize_int8(model)
+        except Exception as e:  # a torch without torch.ao.quantization: serve fp32
+            note = f"int8 unavailable: {type(e).__name__}: {e}"
+        else:
+            int8 = accuracy(predict(quantized, table, args.batch_size, pad_id), labels)
+            result["metrics"]["int8_accuracy"] = {"value": int8, "standard_deviation": "NaN"}
+    result["inference"] = choose_variant(fp32, int8, args.int8_tolerance, note)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"evaluated {result['samples']} rows in {time.perf_counter() - t0:.1f} s: "
-          + ", ".join(f"{k}={v['value']:.4f}" for k, v in result["metrics"].items()), flush=True)
+          + ", ".join(f"{k}={v['value']:.4f}" for k, v in result["metrics"].items())
+          + f"; endpoint variant {result['inference']['quantize']} ({result['inference']['reason']})", flush=True)
     return result
 
 
@@ -196,9 +238,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test-dir", default="/opt/ml/processing/test")
     p.add_argument("--output-dir", default="/opt/ml/processing/evaluation")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
+                   help="also score the int8 variant and choose the endpoint's variant (default on)")
+    p.add_argument("--int8-tolerance", type=float, default=0.005,
+                   help="largest accuracy loss (a fraction: 0.005 = 0.5 points) that still serves int8")
     args = p.parse_args(argv)
     if args.batch_size < 1:
         p.error("--batch-size must be at least 1")
+    if not 0 <= args.int8_tolerance <= 1:
+        p.error("--int8-tolerance must be between 0 and 1")
     return args
 
 

@@ -77,3 +77,27 @@ def build_model(folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     model.save_pretrained(str(folder))
     tok.save_pretrained(str(folder))
     return folder
+
+
+def build_split_model(folder: Path, tokenizer_dir: Path, texts: list[str], seed: int = 0) -> Path:
+    """build_model, then a sensitive classifier whose threshold lies half-way between two of `texts`' margins, so
+    that it labels half of them positive and half negative, each with its own score."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    build_model(folder, tokenizer_dir, seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        model.classifier.weight.normal_(0, 1)
+        pooled = model.bert(**tokenizer(texts, padding=True, return_tensors="pt")).pooler_output
+        direction = model.classifier.weight[1] - model.classifier.weight[0]
+        margins = (pooled @ direction).sort().values
+        middle = len(texts) // 2
+        center = float(margins[middle - 1] + margins[middle]) / 2
+        scale = 4 / float((margins - center).abs().max())  # margins spread over [-4, 4]: scores from 0.5 to 0.98
+        model.classifier.weight.copy_(torch.stack([torch.zeros_like(direction), direction * scale]))
+        model.classifier.bias.copy_(torch.tensor([0.0, -center * scale]))
+    model.save_pretrained(str(folder))
+    return folder

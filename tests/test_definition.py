@@ -199,6 +199,17 @@ def test_register_and_deploy(steps):
     assert spec["SupportedRealtimeInferenceInstanceTypes"] == ["ml.c5.xlarge"]
     assert spec["Containers"][0]["ModelDataUrl"] == {"Get": "Steps.Train.ModelArtifacts.S3ModelArtifacts"}
     assert "huggingface-pytorch-inference" in spec["Containers"][0]["Image"]
+    environment = spec["Containers"][0]["Environment"]
+    assert environment["INFERENCE_QUANTIZE"] == {  # the variant the evaluation chose on the test split
+        "Std:JsonGet": {
+            "Path": "inference.quantize",
+            "PropertyFile": {"Get": "Steps.Evaluate.PropertyFiles.EvaluationReport"},
+        }
+    }
+    assert environment["SAGEMAKER_MODEL_SERVER_WORKERS"] == "2" and environment["INFERENCE_MAX_TEXTS"] == "256"
+    assert environment["SAGEMAKER_PROGRAM"] == "inference.py"
+    arguments = steps["Evaluate"]["Arguments"]["AppSpecification"]["ContainerArguments"]
+    assert arguments[arguments.index("--int8-tolerance") + 1] == "0.005" and "--int8" in arguments
     stats = register["ModelMetrics"]["ModelQuality"]["Statistics"]
     assert stats["S3Uri"]["Std:Join"]["Values"][-1] == "evaluation.json"
     (approved,) = steps["ApprovedGate"]["Arguments"]["Conditions"]

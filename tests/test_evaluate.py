@@ -140,8 +140,8 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     fn, tn = int(((preds == 0) & (labels == 1)).sum()), int(((preds == 0) & (labels == 0)).sum())
     assert 0 < tp + fp < 40, "the random model should predict both classes for a meaningful test"
 
-    assert set(result) == {"metrics", "confusion_matrix", "samples"}
-    assert set(result["metrics"]) == {"accuracy", "precision", "recall", "f1"}
+    assert set(result) == {"metrics", "confusion_matrix", "samples", "inference"}
+    assert set(result["metrics"]) == {"accuracy", "precision", "recall", "f1", "int8_accuracy"}
     for metric in result["metrics"].values():
         assert metric["standard_deviation"] == "NaN" and isinstance(metric["value"], float)
     assert result["samples"] == 40
@@ -153,13 +153,62 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     assert result["metrics"]["f1"]["value"] == pytest.approx(f1)
     assert result["confusion_matrix"] == {"0": {"0": tn, "1": fp}, "1": {"0": fn, "1": tp}}
 
+    inference = result["inference"]
+    assert inference["fp32_accuracy"] == result["metrics"]["accuracy"]["value"]
+    assert inference["int8_accuracy"] == result["metrics"]["int8_accuracy"]["value"]
+    assert inference["tolerance"] == 0.005
+    expected = "int8" if inference["int8_accuracy"] >= inference["fp32_accuracy"] - 0.005 else "none"
+    assert inference["quantize"] == expected
+
+
+def test_int8_accuracy_is_that_of_the_quantized_model(model_dir: Path, tmp_path: Path) -> None:
+    """Batch size 1, so that no padding enters the per-batch activation scales of dynamic quantization."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    rows = random_rows(40, seed=3)
+    model_dir = split_at_median(model_dir, tmp_path / "model", rows)
+    result = evaluate(model_dir, write_split(tmp_path / "test", rows), tmp_path / "eval", batch_size=1)
+    fp32 = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
+    int8 = ev.quantize_int8(AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval())
+    assert sum(isinstance(m, torch.nn.Linear) for m in int8.modules()) == 0, "every Linear layer is quantized"
+    with torch.inference_mode():
+        correct = {name: [int(model(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types]))
+                              .logits.argmax(-1)) == label for ids, types, label in rows]
+                   for name, model in (("fp32", fp32), ("int8", int8))}
+    assert result["metrics"]["accuracy"]["value"] == pytest.approx(np.mean(correct["fp32"]), abs=1e-12)
+    assert result["metrics"]["int8_accuracy"]["value"] == pytest.approx(np.mean(correct["int8"]), abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("fp32", "int8", "tolerance", "chosen"),
+    [(0.90, 0.90, 0.005, "int8"), (0.90, 0.896, 0.005, "int8"), (0.90, 0.894, 0.005, "none"),
+     (0.90, 0.95, 0.0, "int8"), (0.90, 0.8999, 0.0, "none"), (0.90, None, 0.005, "none")],
+)
+def test_int8_is_served_only_within_the_tolerance(fp32: float, int8: float | None, tolerance: float,
+                                                  chosen: str) -> None:
+    section = ev.choose_variant(fp32, int8, tolerance, "--no-int8 was given")
+    assert section["quantize"] == chosen
+    assert section["fp32_accuracy"] == fp32 and section["int8_accuracy"] == int8
+    assert ("--no-int8" in section["reason"]) == (int8 is None)
+
+
+def test_no_int8_serves_fp32_and_scores_once(model_dir: Path, tmp_path: Path) -> None:
+    test = write_split(tmp_path / "test", random_rows(12, seed=9))
+    argv = ["--model-dir", str(model_dir), "--test-dir", str(test), "--output-dir", str(tmp_path / "out"),
+            "--no-int8"]
+    assert ev.main(argv) == 0
+    result = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    assert "int8_accuracy" not in result["metrics"]
+    assert result["inference"]["quantize"] == "none" and result["inference"]["int8_accuracy"] is None
+
 
 @pytest.mark.parametrize("label", [1, 0])
 def test_hand_computed_metrics_for_a_constant_model(model_dir: Path, tmp_path: Path, label: int) -> None:
     model = constant_model(model_dir, tmp_path / "model", label)
     test = write_split(tmp_path / "test", random_rows(len(LABELS), labels=LABELS), shards=1)
     result = evaluate(model, test, tmp_path / "eval")
-    values = {k: v["value"] for k, v in result["metrics"].items()}
+    values = {k: v["value"] for k, v in result["metrics"].items() if k != "int8_accuracy"}
     if label == 1:  # always positive: 3 of 7 right, every positive found
         assert values == pytest.approx({"accuracy": 3 / 7, "precision": 3 / 7, "recall": 1.0, "f1": 0.6})
         assert result["confusion_matrix"] == {"0": {"0": 0, "1": 4}, "1": {"0": 0, "1": 3}}

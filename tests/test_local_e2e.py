@@ -89,6 +89,10 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     (version,) = account.registry.list("trainium-bert")
     assert version.status == "Approved" and version.accuracy == pytest.approx(accuracy)
     assert version.customer_metadata["training_job"] == execution.steps["Train"].properties["TrainingJobName"]
+    # the endpoint serves the variant the evaluation chose, through the model's environment
+    assert report["inference"]["quantize"] in ("int8", "none")
+    assert version.environment["INFERENCE_QUANTIZE"] == report["inference"]["quantize"]
+    assert version.environment["INFERENCE_MAX_TEXTS"] == "256"
 
     state = account.endpoint_state()
     assert state and state["running"]

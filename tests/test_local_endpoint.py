@@ -228,13 +228,19 @@ def test_boto3_sagemaker_runtime_client_works_unchanged(endpoint: LocalEndpoint,
     assert bad.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
 
 
-def test_bad_json_is_a_400_json_error_and_the_server_keeps_serving(endpoint: LocalEndpoint, models: dict):
-    for body, content_type in ((b"{not json", "application/json"), (b'{"inputs": 3}', "application/json"),
-                               (b"hello", "text/plain")):
+def test_bad_input_is_a_4xx_json_error_and_the_server_keeps_serving(endpoint: LocalEndpoint, models: dict):
+    cases = (
+        (b"{not json", "application/json", 400, "MalformedJSON"),
+        (b'{"inputs": 3}', "application/json", 400, "InvalidInput"),
+        (b"<a>hello</a>", "application/xml", 415, "UnsupportedContentType"),
+        (b"\xff\xfe", "application/json", 400, "InvalidEncoding"),
+    )
+    for body, content_type, code, name in cases:
         status, headers, answer = request(f"{endpoint.url}/invocations", body, {"Content-Type": content_type})
         error = json.loads(answer)
-        assert status == 400 and headers["Content-Type"] == "application/json"
-        assert error["error"] == "ModelError" and error["detail"] and "input_fn" in error["message"]
+        assert (status, error["error"]) == (code, name), answer
+        assert headers["Content-Type"] == "application/json" and headers["x-amzn-ErrorType"] == "ModelError"
+        assert error["detail"] and error["OriginalStatusCode"] == code
     assert request(f"{endpoint.url}/ping")[0] == 200
     status, answer = invoke_json(endpoint.url, {"inputs": TEXTS})
     assert status == 200 and [item["label"] for item in answer] == models["expected_a"]

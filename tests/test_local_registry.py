@@ -93,7 +93,7 @@ def test_describe_has_the_shape_of_describe_model_package(registry: Registry, ar
     version = registry.register(
         "bert", artifact, approval_status=PENDING, metrics=evaluation, customer_metadata={"epochs": 3},
         image="huggingface-pytorch-inference:cpu", content_types=["application/json"],
-        inference_instances=["ml.m5.large"], description="first",
+        inference_instances=["ml.m5.large"], description="first", environment={"INFERENCE_QUANTIZE": "int8"},
     )
     assert version.accuracy == 0.91
     assert version.metrics == EVALUATION
@@ -107,7 +107,8 @@ def test_describe_has_the_shape_of_describe_model_package(registry: Registry, ar
     assert isinstance(answer["CreationTime"], datetime) and answer["CreationTime"].tzinfo is not None
     assert answer["LastModifiedTime"] >= answer["CreationTime"]
     assert answer["InferenceSpecification"]["Containers"] == [
-        {"Image": "huggingface-pytorch-inference:cpu", "ModelDataUrl": str(artifact.resolve())}]
+        {"Image": "huggingface-pytorch-inference:cpu", "ModelDataUrl": str(artifact.resolve()),
+         "Environment": {"INFERENCE_QUANTIZE": "int8"}}]
     assert answer["InferenceSpecification"]["SupportedContentTypes"] == ["application/json"]
     assert answer["InferenceSpecification"]["SupportedRealtimeInferenceInstanceTypes"] == ["ml.m5.large"]
     assert answer["CustomerMetadataProperties"] == {"epochs": "3"}
@@ -116,7 +117,7 @@ def test_describe_has_the_shape_of_describe_model_package(registry: Registry, ar
 
     bare = registry.register("bert", "s3://bucket/model.tar.gz", approval_status=PENDING)
     assert bare.model_data == "s3://bucket/model.tar.gz"
-    assert bare.accuracy is None and "ModelMetrics" not in bare.describe()
+    assert bare.accuracy is None and "ModelMetrics" not in bare.describe() and bare.environment == {}
     flat = registry.register("bert", artifact, approval_status=PENDING, metrics={"accuracy": 0.5})
     assert flat.accuracy == 0.5
 
@@ -137,3 +138,16 @@ def test_two_processes_register_at_once(registry: Registry, artifact: Path):
     assert [writer.wait(timeout=60) for writer in writers] == [0, 0]
     assert [v.version for v in registry.list("bert", sort="asc")] == list(range(1, 41))
     assert len(registry.list("bert", status=APPROVED)) == 10
+
+
+def test_a_registry_made_before_environments_gains_the_column(tmp_path: Path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    Registry(path).register("bert", "s3://b/m.tar.gz", approval_status=PENDING)
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE model_packages DROP COLUMN environment")
+    reopened = Registry(path)
+    assert reopened.get("bert", 1).environment == {}
+    again = reopened.register("bert", "s3://b/m.tar.gz", approval_status=PENDING, environment={"A": "1"})
+    assert again.environment == {"A": "1"}

@@ -136,13 +136,14 @@ def test_artifact_reloads_and_serves(workspace, runs):
     model = AutoModelForSequenceClassification.from_pretrained(model_dir)
     assert model.config.id2label == {0: "negative", 1: "positive"}
     assert model.config.label2id == {"negative": 0, "positive": 1}
-    AutoTokenizer.from_pretrained(model_dir)
+    assert AutoTokenizer.from_pretrained(model_dir).model_max_length == 64  # the training length, for the handler
     assert (model_dir / "code" / "requirements.txt").exists()
 
     spec = importlib.util.spec_from_file_location("inference_under_test", model_dir / "code" / "inference.py")
     handler = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(handler)
     loaded = handler.model_fn(str(model_dir))
+    assert loaded.max_length == 64
     body = json.dumps({"inputs": ["great excellent love it", "terrible awful broken refund"]})
     prediction = handler.predict_fn(handler.input_fn(body, "application/json"), loaded)
     result = json.loads(handler.output_fn(prediction, "application/json"))

@@ -576,18 +576,22 @@ def main(argv: list[str] | None = None) -> None:
         (Path(args.output_data_dir) / "training_stats.json").write_text(json.dumps(stats, indent=2))
         log(f"training_stats={json.dumps(stats)}")
     if master and not args.precompile:
-        save_model(raw_model.to("cpu"), args.model_id, Path(args.model_dir))
+        save_model(raw_model.to("cpu"), args.model_id, Path(args.model_dir), args.max_length)
         log(f"saved model to {args.model_dir}")
     barrier("done")
     if distributed:
         dist.destroy_process_group()
 
 
-def save_model(model: torch.nn.Module, model_id: str, model_dir: Path) -> None:
-    """save_pretrained (safetensors) plus tokenizer and the inference handler in code/."""
+def save_model(model: torch.nn.Module, model_id: str, model_dir: Path, max_length: int) -> None:
+    """save_pretrained (safetensors) plus tokenizer and the inference handler in code/.
+
+    The tokenizer's model_max_length becomes the training length, which the handler truncates requests to."""
     model_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(model_dir)
-    AutoTokenizer.from_pretrained(model_id).save_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_id)
+    tokenizer.model_max_length = max_length
+    tokenizer.save_pretrained(model_dir)
     here = Path(__file__).resolve().parent
     (model_dir / "code").mkdir(exist_ok=True)
     shutil.copy(here / "inference.py", model_dir / "code" / "inference.py")

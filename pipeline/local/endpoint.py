@@ -64,12 +64,13 @@ _DETACHED: dict[int, subprocess.Popen] = {}  # endpoints this process started: k
 class EndpointError(Exception):
     """An error answered as JSON with an HTTP status and an AWS error code."""
 
-    def __init__(self, status: int, code: str, message: str, detail: str = "") -> None:
+    def __init__(self, status: int, code: str, message: str, detail: str = "", error: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.detail = status, code, message, detail or message
+        self.error = error or code  # the body's "error": a handler's own error name, else the AWS code
 
     def body(self) -> dict[str, Any]:
-        answer: dict[str, Any] = {"error": self.code, "message": self.message, "detail": self.detail}
+        answer: dict[str, Any] = {"error": self.error, "message": self.message, "detail": self.detail}
         if self.code == "ModelError":  # the members of sagemaker-runtime's ModelError shape
             answer.update(OriginalStatusCode=self.status, OriginalMessage=self.detail)
         return answer
@@ -172,6 +173,21 @@ def _default_output_fn(prediction: Any, accept: str) -> str:
     return json.dumps(prediction, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
 
 
+def _handler_error(exc: Exception, stage: str) -> EndpointError:
+    """A handler exception as the answer: 400 ModelError as the toolkit gives, unless the exception carries a 4xx
+    `status` and a JSON message {"error", "detail"} (training/inference.py's InferenceError), which are used."""
+    status = getattr(exc, "status", None)
+    status = status if isinstance(status, int) and 400 <= status < 500 else 400
+    try:
+        named = json.loads(str(exc))
+    except ValueError:
+        named = None
+    if isinstance(named, dict) and isinstance(named.get("error"), str):
+        detail = str(named.get("detail", ""))
+        return EndpointError(status, "ModelError", f"{named['error']}: {detail}", detail, error=named["error"])
+    return EndpointError(status, "ModelError", f"{stage} failed: {type(exc).__name__}: {exc}", str(exc))
+
+
 class LoadedModel:
     """One loaded model: its folder, handler functions and model object. Serves one request at a time."""
 
@@ -244,9 +260,12 @@ class LoadedModel:
                 if isinstance(result, (bytes, bytearray)):
                     return bytes(result), accept
                 return json.dumps(result).encode("utf-8"), accept
+        except UnicodeDecodeError as exc:
+            message = f"the body is not valid UTF-8: {exc}"
+            raise EndpointError(400, "ModelError", message, error="InvalidEncoding") from exc
         except Exception as exc:
             LOG.debug("endpoint %s: %s failed\n%s", self.name, stage, traceback.format_exc())
-            raise EndpointError(400, "ModelError", f"{stage} failed: {type(exc).__name__}: {exc}", str(exc)) from exc
+            raise _handler_error(exc, stage) from exc
 
     def acquire(self) -> LoadedModel:
         with self._refs_lock:
@@ -538,6 +557,11 @@ def _load_state(state_file: Path) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
+def serving_environment(environment: dict[str, str] | None) -> dict[str, str]:
+    """A model's container environment as the local endpoint applies it: one model server worker (this process)."""
+    return {**(environment or {}), "SAGEMAKER_MODEL_SERVER_WORKERS": "1"}
+
+
 def serve_forever(
     model_data: Path,
     name: str,
@@ -547,8 +571,12 @@ def serve_forever(
     version: str | None = None,
     state_file: Path | None = None,
     on_ready: Callable[[str], Any] | None = None,
+    environment: dict[str, str] | None = None,
 ) -> None:
-    """Serve in the foreground until Ctrl-C or SIGTERM; with `state_file`, record pid/port/version there."""
+    """Serve in the foreground until Ctrl-C or SIGTERM; with `state_file`, record pid/port/version there.
+
+    `environment` (the model's container environment) is set in this process before the handler loads."""
+    os.environ.update(serving_environment(environment))
     endpoint = LocalEndpoint(host)
     stop = threading.Event()
     previous = None
@@ -654,11 +682,13 @@ def start_background(
     version: str | None = None,
     log_file: Path | None = None,
     timeout: float = 180.0,
+    environment: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Serve from a detached process that outlives this one; returns its state once it answers.
 
     A running endpoint recorded in `state_file` is stopped first (so a second start replaces the first). The
-    process logs to `log_file` (default: the state file with suffix .log).
+    process logs to `log_file` (default: the state file with suffix .log) and runs with `environment` (the model's
+    container environment) added to this one's.
     """
     state_file = Path(state_file).resolve()
     stop_background(state_file)
@@ -681,7 +711,8 @@ def start_background(
     ]
     if version is not None:
         command += ["--model-version", str(version)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, **serving_environment(environment))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     with open(log_file, "ab") as log:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

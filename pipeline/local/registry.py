@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS model_packages (
     metrics             TEXT NOT NULL DEFAULT '{}',
     metrics_source      TEXT NOT NULL DEFAULT '',
     customer_metadata   TEXT NOT NULL DEFAULT '{}',
+    environment         TEXT NOT NULL DEFAULT '{}',
     description         TEXT NOT NULL DEFAULT '',
     status              TEXT NOT NULL,
     note                TEXT NOT NULL DEFAULT '',
@@ -98,6 +99,7 @@ class ModelVersion:
     inference_instances: tuple[str, ...] = ()
     metrics: dict[str, Any] = field(default_factory=dict)
     metrics_source: str = ""
+    environment: dict[str, str] = field(default_factory=dict)
     customer_metadata: dict[str, str] = field(default_factory=dict)
     description: str = ""
     approval_note: str = ""
@@ -132,7 +134,9 @@ class ModelVersion:
             "CreationTime": datetime.fromisoformat(self.created),
             "LastModifiedTime": datetime.fromisoformat(self.modified),
             "InferenceSpecification": {
-                "Containers": [{"Image": self.image, "ModelDataUrl": self.model_data}],
+                "Containers": [
+                    {"Image": self.image, "ModelDataUrl": self.model_data, "Environment": dict(self.environment)}
+                ],
                 "SupportedContentTypes": list(self.content_types),
                 "SupportedResponseMIMETypes": list(self.content_types),
                 "SupportedRealtimeInferenceInstanceTypes": list(self.inference_instances),
@@ -159,6 +163,9 @@ class Registry:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._transaction() as db:
             db.executescript(_SCHEMA)
+            columns = {row["name"] for row in db.execute("PRAGMA table_info(model_packages)")}
+            if "environment" not in columns:  # a registry made before versions carried an environment
+                db.execute("ALTER TABLE model_packages ADD COLUMN environment TEXT NOT NULL DEFAULT '{}'")
 
     @contextmanager
     def _transaction(self, write: bool = False) -> Iterator[sqlite3.Connection]:
@@ -209,10 +216,12 @@ class Registry:
         content_types: Iterable[str] = (),
         inference_instances: Iterable[str] = (),
         description: str = "",
+        environment: Mapping[str, str] | None = None,
     ) -> ModelVersion:
         """Add the next version to `group` (created if missing).
 
-        `model_data` is a local path (stored absolute) or a URI; `metrics` is evaluation.json's content or its path.
+        `model_data` is a local path (stored absolute) or a URI; `metrics` is evaluation.json's content or its path;
+        `environment` the serving container's environment variables.
         """
         _check_status(approval_status)
         model_data = str(model_data) if "://" in str(model_data) else str(Path(model_data).resolve())
@@ -229,8 +238,8 @@ class Registry:
             ).fetchone()
             db.execute(
                 "INSERT INTO model_packages (group_name, version, model_data, image, content_types,"
-                " inference_instances, metrics, metrics_source, customer_metadata, description, status, note,"
-                " created, modified) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
+                " inference_instances, metrics, metrics_source, customer_metadata, environment, description, status,"
+                " note, created, modified) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
                 (
                     group,
                     version,
@@ -241,6 +250,7 @@ class Registry:
                     json.dumps(dict(metrics or {})),
                     metrics_source,
                     json.dumps(metadata),
+                    json.dumps({str(k): str(v) for k, v in (environment or {}).items()}),
                     description,
                     approval_status,
                     now,
@@ -317,6 +327,7 @@ class Registry:
             metrics=json.loads(row["metrics"]),
             metrics_source=row["metrics_source"],
             customer_metadata=json.loads(row["customer_metadata"]),
+            environment=json.loads(row["environment"]),
             description=row["description"],
             approval_note=row["note"],
         )

@@ -86,6 +86,7 @@ class LocalAccount:
             content_types=spec.get("SupportedContentTypes", []),
             inference_instances=spec.get("SupportedRealtimeInferenceInstanceTypes", []),
             description=args.get("ModelPackageDescription", ""),
+            environment=container.get("Environment"),
         )
         return {"ModelPackageArn": version.arn, "ModelPackageVersion": version.version}
 
@@ -122,6 +123,7 @@ class LocalAccount:
             self.cfg.local.port,
             self.state_file(endpoint),
             version=str(version.version),
+            environment=version.environment,
         )
         return {"endpoint_config_name": config_name, "action": action, "url": self._url(state)}
 
