@@ -209,6 +209,15 @@ class Plan:
         }
 
 
+def _channel_like(request: dict, template: str, name: str, uri: str) -> dict:
+    """A copy of the input channel `template` of `request`, renamed `name` and reading `uri`."""
+    (channel,) = [c for c in request["InputDataConfig"] if c["ChannelName"] == template]
+    channel = copy.deepcopy(channel)
+    channel["ChannelName"] = name
+    channel["DataSource"]["S3DataSource"]["S3Uri"] = uri
+    return channel
+
+
 def plan(
     cfg: Config,
     definition: dict,
@@ -279,6 +288,9 @@ def plan(
             }
         )
         request["OutputDataConfig"]["S3OutputPath"] = f"{cfg.s3_root}/compare/{run_id}"
+        if "test" in data:  # train.py scores the test split at the end: the same accuracy for every type
+            request["InputDataConfig"] = [*request["InputDataConfig"], _channel_like(request, "validation", "test",
+                                                                                     data["test"])]
         if "CheckpointConfig" in request:  # a fresh location: never resume from another run's checkpoint
             request["CheckpointConfig"]["S3Uri"] = f"{cfg.checkpoint_s3_uri}/compare/{name}"
         if not is_trainium(instance_type):
@@ -384,6 +396,7 @@ class Row:
             "samples_per_sec": self.stats.samples_per_sec,
             "final_loss": self.stats.final_loss,
             "val_accuracy": self.stats.val_accuracy,
+            "test_accuracy": self.stats.test_accuracy,
             "stats_source": self.stats.source,
             "price_per_hour": self.job.price,
             "cost": self.job.cost,
@@ -448,8 +461,9 @@ def report(aws: Aws, cfg: Config, described: list[dict]) -> Report:
         "billable: BillableTimeInSeconds, what is charged",
         "cost: instance count x billable seconds x the on-demand price per instance-hour from the config "
         f"(`prices`); check prices at {PRICING_URL}",
-        "samples/s, final loss, val accuracy: train.py's training_stats.json (samples/s over the training loop; "
-        "val accuracy = accuracy on the validation split at the end of training), else the job's final metrics",
+        "samples/s, final loss, accuracies: train.py's training_stats.json (samples/s over the training loop; "
+        "test and val accuracy: the trained model on the test and validation splits, scored by train.py at the end "
+        "of training on the instance itself), else the job's final metrics",
         "cost per M samples: job cost / samples trained x 1e6 (compile, download and startup time included)",
     ]
     return Report(cfg.prices.currency, rows, notes)
@@ -483,6 +497,7 @@ def _lines(result: Report) -> list[tuple[str, list[str]]]:
         ),
         ("samples/s", "samples_per_sec", lambda r: _number(r.stats.samples_per_sec, ",.1f")),
         ("final loss", None, lambda r: _number(r.stats.final_loss, ".4f")),
+        ("test accuracy", None, lambda r: _number(r.stats.test_accuracy, ".4f")),
         ("val accuracy", None, lambda r: _number(r.stats.val_accuracy, ".4f")),
         (f"price per hour ({currency})", None, lambda r: money(r.job.price, currency)),
         (f"cost ({currency})", "cost", lambda r: money(r.job.cost, currency)),

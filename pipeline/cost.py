@@ -39,6 +39,7 @@ class TrainingStats:
     samples_per_sec: float | None = None
     final_loss: float | None = None
     val_accuracy: float | None = None
+    test_accuracy: float | None = None
     source: str = "none"
 
     def to_dict(self) -> dict:
@@ -47,6 +48,7 @@ class TrainingStats:
             "samples_per_sec": self.samples_per_sec,
             "final_loss": self.final_loss,
             "val_accuracy": self.val_accuracy,
+            "test_accuracy": self.test_accuracy,
             "source": self.source,
         }
 
@@ -72,12 +74,14 @@ def merge_stats(stats: dict | None, metrics: dict[str, float]) -> TrainingStats:
         found.samples_per_sec = stats.get("samples_per_sec")
         found.final_loss = stats.get("train_loss")
         found.val_accuracy = stats.get("val_accuracy")
+        found.test_accuracy = stats.get("test_accuracy")
         sources.append(STATS_FILE)
     filled = False
     for attribute, metric in (
         ("samples_per_sec", "train:samples_per_sec"),
         ("final_loss", "train:loss"),
         ("val_accuracy", "validation:accuracy"),
+        ("test_accuracy", "test:accuracy"),
     ):
         if getattr(found, attribute) is None and metric in metrics:
             setattr(found, attribute, metrics[metric])

@@ -28,6 +28,7 @@ METRIC_DEFINITIONS = [
     {"name": "train:samples_per_sec", "regex": r"samples_per_sec=([0-9.eE+-]+)"},
     {"name": "train:learning_rate", "regex": r" lr=([0-9.eE+-]+)"},
     {"name": "validation:accuracy", "regex": r"val_accuracy=([0-9.eE+-]+)"},
+    {"name": "test:accuracy", "regex": r"test_accuracy=([0-9.eE+-]+)"},  # when the job has a test channel
 ]
 
 

@@ -120,7 +120,9 @@ def stats_tarball(stats: dict) -> bytes:
     return raw.getvalue()
 
 
-def train_stats(samples: int, seconds: float, loss: float, accuracy: float, device: str = "xla") -> dict:
+def train_stats(
+    samples: int, seconds: float, loss: float, accuracy: float, device: str = "xla", test_accuracy: float | None = None
+) -> dict:
     """training_stats.json as train.py writes it."""
     return {
         "device": device,
@@ -137,6 +139,7 @@ def train_stats(samples: int, seconds: float, loss: float, accuracy: float, devi
         "padding_efficiency": 0.93,
         "train_loss": loss,
         "val_accuracy": accuracy,
+        "test_accuracy": test_accuracy,
         "compile_count": 9 if device == "xla" else None,
         "compile_count_per_epoch": [9] if device == "xla" else None,
         "length_buckets": [32, 64, 128] if device == "xla" else None,

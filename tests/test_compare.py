@@ -78,7 +78,7 @@ def test_dry_run_one_request_per_type_with_its_image_and_the_same_work(cfg, defi
             == train["AlgorithmSpecification"]["MetricDefinitions"]
         )
         channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
-        assert channels == {"train": f"{DATA}/train", "validation": f"{DATA}/validation"}
+        assert channels == {"train": f"{DATA}/train", "validation": f"{DATA}/validation", "test": f"{DATA}/test"}
         assert request["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/trainium-bert/compare/{run_id}"
         assert request["CheckpointConfig"]["S3Uri"].endswith(f"/checkpoints/compare/{request['TrainingJobName']}")
         assert {"Key": "trainium-pipeline:compare", "Value": run_id} in request["Tags"]
@@ -153,7 +153,9 @@ def test_dry_run_defaults_to_the_latest_succeeded_tokenize_outputs(aws, capsys):
     assert code == 0, err
     (request,) = json.loads(out)["requests"]
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
-    assert channels == {"train": f"{DATA}/train", "validation": f"{DATA}/validation"}  # from DescribeProcessingJob
+    assert channels == {  # from DescribeProcessingJob
+        "train": f"{DATA}/train", "validation": f"{DATA}/validation", "test": f"{DATA}/test"
+    }
     assert ("DescribeProcessingJob", "pipelines-k3j9x2m5q7wz-tokenize-q8mzt2lxva") in recorder.served
     assert aws.sagemaker.list_training_jobs()["TrainingJobSummaries"] == []
 
@@ -192,8 +194,12 @@ def test_start_creates_the_jobs_and_reports_unknown_billable_time(aws, capsys, t
 def test_report_of_finished_jobs(aws, capsys, tmp_path):
     aws, recorder = aws
     stats = {
-        "trn1-32xlarge": train_stats(samples=512_000, seconds=205.0, loss=0.3101, accuracy=0.9034),
-        "p4d-24xlarge": train_stats(samples=512_000, seconds=240.0, loss=0.3097, accuracy=0.9029, device="cuda"),
+        "trn1-32xlarge": train_stats(
+            samples=512_000, seconds=205.0, loss=0.3101, accuracy=0.9034, test_accuracy=0.9031
+        ),
+        "p4d-24xlarge": train_stats(
+            samples=512_000, seconds=240.0, loss=0.3097, accuracy=0.9029, device="cuda", test_accuracy=0.9026
+        ),
     }  # the g5.12xlarge job left no output.tar.gz: its numbers come from its final metrics
     for slug, content in stats.items():
         key = f"trainium-bert/compare/{RUN}/trainium-bert-cmp-{RUN}-{slug}/output/output.tar.gz"
@@ -216,6 +222,7 @@ def test_report_of_finished_jobs(aws, capsys, tmp_path):
     assert trn["val_accuracy"] == pytest.approx(0.9034) and p4d["final_loss"] == pytest.approx(0.3097)
     assert g5["stats_source"] == "final metrics" and g5["samples_per_sec"] == pytest.approx(230.5)
     assert g5["val_accuracy"] == pytest.approx(0.9022) and g5["cost_per_million_samples"] is None
+    assert [j["test_accuracy"] for j in (trn, p4d, g5)] == pytest.approx([0.9031, 0.9026, 0.9017])
     assert trn["cost_per_million_samples"] == pytest.approx(900 / 3600 * 24.725 / 0.512)
 
     assert trn["ratios_to_first"]["cost"] == pytest.approx(1.0)
@@ -234,8 +241,9 @@ def test_report_of_finished_jobs(aws, capsys, tmp_path):
     per_m_p4d = 620 / 3600 * 37.688 / 0.512
     ratio = per_m_p4d / (900 / 3600 * 24.725 / 0.512)
     assert rows["cost per M samples"] == f"| cost per M samples | $12.07 | ${per_m_p4d:.2f} ({ratio:.2f}x) | unknown |"
+    assert rows["test accuracy"] == "| test accuracy | 0.9031 | 0.9026 | 0.9017 |"
     assert rows["val accuracy"] == "| val accuracy | 0.9034 | 0.9029 | 0.9022 |"
-    assert "val accuracy = accuracy on the validation split" in markdown
+    assert "the trained model on the test and validation splits" in markdown
 
     png = (tmp_path / "compare.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")

@@ -86,15 +86,17 @@ def test_concurrent_clients_each_get_their_own_answers(served: LocalEndpoint) ->
     """8 clients x 12 requests of random texts in random order: no errors, every answer matches its request."""
     status, _, answer = post(served.port, json.dumps({"inputs": TEXTS}).encode(), {"Content-Type": "application/json"})
     truth = {text: item for text, item in zip(TEXTS, json.loads(answer), strict=True)}
-    assert {item["label"] for item in truth.values()} == {"negative", "positive"}
-    signed = sorted(item["score"] * (1 if item["label"] == "positive" else -1) for item in truth.values())
-    assert all(b - a > 1e-4 for a, b in zip(signed, signed[1:], strict=False)), "texts share an answer: mix-ups hide"
+    tolerance = 2e-3  # float noise of other paddings, amplified by the fixture's sharp classifier
+    signed = {t: item["score"] * (1 if item["label"] == "positive" else -1) for t, item in truth.items()}
+    # only texts whose answer no other text's comes close to: a mix-up cannot hide behind the tolerance
+    pool = [t for t in TEXTS if all(abs(signed[t] - signed[u]) > 2 * tolerance for u in TEXTS if u != t)]
+    assert len(pool) >= 8 and {truth[t]["label"] for t in pool} == {"negative", "positive"}
     failures: list[str] = []
 
     def client(seed: int) -> None:
         rng = random.Random(seed)
         for _ in range(12):
-            texts = rng.sample(TEXTS, rng.randint(1, len(TEXTS)))
+            texts = rng.sample(pool, rng.randint(1, len(pool)))
             as_csv = rng.random() < 0.3
             body = ("\n".join(texts) if as_csv else json.dumps({"inputs": texts})).encode()
             try:
@@ -105,9 +107,9 @@ def test_concurrent_clients_each_get_their_own_answers(served: LocalEndpoint) ->
                 return
             got = json.loads(answer) if status == 200 else None
             if got is None or [g["label"] for g in got] != [truth[t]["label"] for t in texts] or any(
-                abs(g["score"] - truth[t]["score"]) > 1e-4 for g, t in zip(got, texts, strict=True)
+                abs(g["score"] - truth[t]["score"]) > tolerance for g, t in zip(got, texts, strict=True)
             ):
-                failures.append(f"client {seed}: {status} {answer[:200]!r} for {texts}")
+                failures.append(f"client {seed}: {status} {answer[:300]!r} for {[truth[t] for t in texts]}")
 
     threads = [threading.Thread(target=client, args=(seed,)) for seed in range(8)]
     for thread in threads:

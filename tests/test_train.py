@@ -54,6 +54,7 @@ def workspace(tmp_path_factory) -> Path:
     model = make_tiny_model(root / "base-model")
     write_split(root / "data" / "train", model, rows=288, seed=1, max_length=64, max_words=30)
     write_split(root / "data" / "validation", model, rows=96, seed=2, max_length=64, max_words=30)
+    write_split(root / "data" / "test", model, rows=64, seed=3, max_length=64, max_words=30)
     return root
 
 
@@ -73,6 +74,8 @@ def torchrun(workspace: Path, out: Path, **popen) -> subprocess.Popen:
         str(workspace / "data" / "train"),
         "--validation-dir",
         str(workspace / "data" / "validation"),
+        "--test-dir",
+        str(workspace / "data" / "test"),
         "--model-dir",
         str(out / "model"),
         "--output-data-dir",
@@ -124,6 +127,8 @@ def test_learns_and_logs_contract_lines(runs):
     assert losses[-1] < 0.5 * losses[0], losses
     accuracy = float(re.search(r"^val_accuracy=([0-9.]+)$", log, re.M).group(1))
     assert accuracy > 0.8, log
+    test_accuracy = float(re.search(r"^test_accuracy=([0-9.]+)$", log, re.M).group(1))
+    assert test_accuracy > 0.8, log
     assert "ignoring unknown arguments ['--some-future-key', '1']" in log
 
 
@@ -156,6 +161,7 @@ def test_artifact_reloads_and_serves(workspace, runs):
 
     stats = json.loads((out / "output" / "training_stats.json").read_text())
     assert stats["world_size"] == 2 and stats["device"] == "cpu" and stats["global_step"] == 54
+    assert 0.8 < stats["test_accuracy"] <= 1 and 0.8 < stats["val_accuracy"] <= 1
     assert (
         0 < stats["padding_efficiency"] <= 1 and stats["samples_per_sec"] > 0 and stats["tokens_per_sec"] > 0
     )

@@ -100,6 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--train-dir", default=env("SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"))
     p.add_argument("--validation-dir", default=env("SM_CHANNEL_VALIDATION", "/opt/ml/input/data/validation"))
+    p.add_argument(
+        "--test-dir", default=env("SM_CHANNEL_TEST", "/opt/ml/input/data/test"), help="scored at the end, if present"
+    )
     p.add_argument("--model-dir", default=env("SM_MODEL_DIR", "/opt/ml/model"))
     p.add_argument("--output-data-dir", default=env("SM_OUTPUT_DATA_DIR", "/opt/ml/output/data"))
     p.add_argument("--checkpoint-dir", default=os.path.join(env("SAGEMAKER_BASE_DIR", "/opt/ml"), "checkpoints"))
@@ -356,8 +359,10 @@ def main(argv: list[str] | None = None) -> None:
 
     # data
     train = TokenizedSplit(args.train_dir, args.max_length)
-    has_validation = Path(args.validation_dir).is_dir() and any(Path(args.validation_dir).glob("*.parquet"))
-    validation = TokenizedSplit(args.validation_dir, args.max_length) if has_validation else None
+    validation, test = (
+        TokenizedSplit(d, args.max_length) if Path(d).is_dir() and any(Path(d).glob("*.parquet")) else None
+        for d in (args.validation_dir, args.test_dir)
+    )
     buckets = length_buckets(args.max_length) if use_xla else None
     multiple = 8 if device_type == "cuda" else 1
     num_workers = args.num_workers if args.num_workers >= 0 else (0 if device_type == "cpu" else 2)
@@ -520,16 +525,16 @@ def main(argv: list[str] | None = None) -> None:
             compiles_per_epoch.append(met.metric_data("CompileTime")[0])
     train_time = time.time() - train_start
 
-    # validation
-    val_accuracy = None
-    if validation is not None:
+    # validation (and test, when a test channel is given)
+    def split_accuracy(split: TokenizedSplit, name: str) -> float:
+        """Accuracy over `split`, each rank scoring its share of the batches; logged as `<name>_accuracy=`."""
         raw_model.eval()
         rows = args.batch_size if use_xla else None
         if args.precompile:
-            val_batches = probes[:-1]
+            batches = probes[:-1]
         else:
-            val_batches = eval_batches(validation.lengths, args.batch_size, rank, world_size)
-        loader, _ = make_loader(train if args.precompile else validation, val_batches, rows)
+            batches = eval_batches(split.lengths, args.batch_size, rank, world_size)
+        loader, _ = make_loader(train if args.precompile else split, batches, rows)
         correct, count = (
             torch.zeros((), dtype=torch.long).to(device),
             torch.zeros((), dtype=torch.long).to(device),
@@ -547,8 +552,12 @@ def main(argv: list[str] | None = None) -> None:
                 count += valid.sum()
         mark_step()
         correct_total, count_total = all_reduce_sum([float(correct.cpu()), float(count.cpu())])
-        val_accuracy = correct_total / max(1.0, count_total)
-        log(f"val_accuracy={val_accuracy:.4f}")
+        accuracy = correct_total / max(1.0, count_total)
+        log(f"{name}_accuracy={accuracy:.4f}")
+        return accuracy
+
+    val_accuracy = split_accuracy(validation, "val") if validation is not None else None
+    test_accuracy = split_accuracy(test, "test") if test is not None and not args.precompile else None
 
     # artifacts
     real_tokens, padded_tokens = all_reduce_sum([float(real_tokens), float(padded_tokens)])
@@ -567,6 +576,7 @@ def main(argv: list[str] | None = None) -> None:
         "padding_efficiency": real_tokens / padded_tokens if padded_tokens else None,
         "train_loss": last_loss,
         "val_accuracy": val_accuracy,
+        "test_accuracy": test_accuracy,
         "compile_count": met.metric_data("CompileTime")[0] if use_xla else None,
         "compile_count_per_epoch": compiles_per_epoch if use_xla else None,
         "length_buckets": buckets,
