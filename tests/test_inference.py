@@ -151,12 +151,15 @@ def test_invalid_utf8_and_unsupported_accept(fp32) -> None:
     assert (raised.value.status, raised.value.error) == (406, "UnsupportedAccept")
 
 
-def test_limits_on_texts_and_bytes(fp32, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_limits_on_texts_and_bytes(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFERENCE_MAX_TEXTS", "3")
+    fp32 = h.model_fn(str(model_dir))
     assert len(json.loads(call(fp32, json.dumps(TEXTS[:3])))) == 3
     with pytest.raises(h.InferenceError) as raised:
         call(fp32, json.dumps(TEXTS[:4]))
     assert (raised.value.status, raised.value.error) == (413, "TooManyTexts") and "limit is 3" in raised.value.detail
+    with pytest.raises(h.InferenceError, match="TooManyTexts"):  # predict_fn called directly checks it too
+        h.predict_fn(TEXTS[:4], fp32)
     big = json.dumps({"inputs": "a" * h.MAX_PAYLOAD_BYTES})
     with pytest.raises(h.InferenceError) as raised:
         h.input_fn(big, "application/json")

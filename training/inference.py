@@ -40,7 +40,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time inference's request limit
 LABELS = ("negative", "positive")
 JSON, JSONLINES, CSV, TEXT = "application/json", "application/jsonlines", "text/csv", "text/plain"
-CHARS_PER_TOKEN_CUT = 32  # long texts are cut (at a space) to max_length * this many characters before tokenizing
+CHARS_PER_TOKEN_CUT = 32  # texts longer than max_length * this many characters are cut between words first
 
 
 def _cut_point(text: str, limit: int) -> int:
@@ -257,6 +257,8 @@ def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[str
 
 def predict_fn(data: list[str], model: Classifier) -> list[dict[str, Any]]:
     """Classify the texts; one {"label", "score"} (plus "truncated": true when cut) per text, in order."""
+    if len(data) > model.max_texts:
+        raise InferenceError(413, "TooManyTexts", f"{len(data)} texts in one request, the limit is {model.max_texts}")
     return model(data)
 
 
