@@ -120,8 +120,7 @@ def reviews(count: int, seed: str) -> list[tuple[str, int]]:
 def price_per_hour(instance_type: str) -> float | None:
     from pipeline.config import load_config
 
-    prices = getattr(load_config(ROOT / "pipeline.yaml"), "prices", None)
-    return prices.price(instance_type) if prices is not None else None
+    return load_config(ROOT / "pipeline.yaml").prices.price(instance_type)
 
 
 def percentiles(seconds: list[float]) -> dict[str, float]:

@@ -530,6 +530,7 @@ def triggers_delete() -> None:
 
 def main() -> None:
     """Entry point: expected errors print one line and exit 2 (config) or 1 (AWS, parameters)."""
+    from pipeline.compare import CompareError
     from pipeline.executions import ParameterError
     from pipeline.local.expressions import ExpressionError
     from pipeline.local.registry import ModelNotFoundError
@@ -537,16 +538,13 @@ def main() -> None:
     from pipeline.local.runner import ParameterError as LocalParameterError
     from pipeline.local.session import DeployRefused
 
-    local_errors = (ExpressionError, ModelNotFoundError, LocalParameterError, DeployRefused, ExecutionNotFound)
-    from pipeline.compare import CompareError
-
-    local_errors = (*local_errors, CompareError)
-
+    one_line = (AwsError, ParameterError, CompareError, ExpressionError, ModelNotFoundError, LocalParameterError,
+                DeployRefused, ExecutionNotFound)
     try:
         app()
     except ConfigError as e:
         errors.print(f"config error: {e}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
-    except (AwsError, ParameterError, *local_errors) as e:
+    except one_line as e:
         errors.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)

@@ -289,8 +289,7 @@ def plan(
         )
         request["OutputDataConfig"]["S3OutputPath"] = f"{cfg.s3_root}/compare/{run_id}"
         if "test" in data:  # train.py scores the test split at the end: the same accuracy for every type
-            request["InputDataConfig"] = [*request["InputDataConfig"], _channel_like(request, "validation", "test",
-                                                                                     data["test"])]
+            request["InputDataConfig"].append(_channel_like(request, "validation", "test", data["test"]))
         if "CheckpointConfig" in request:  # a fresh location: never resume from another run's checkpoint
             request["CheckpointConfig"]["S3Uri"] = f"{cfg.checkpoint_s3_uri}/compare/{name}"
         if not is_trainium(instance_type):

@@ -63,7 +63,9 @@ def build_tokenizer(folder: Path, extra_texts: list[str] | None = None) -> Path:
     return folder
 
 
-def build_model(folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+def build_model(
+    folder: Path, tokenizer_dir: Path, seed: int = 0, labels: tuple[str, str] = ("negative", "positive")
+) -> Path:
     """A random BertForSequenceClassification (hidden 32, 2 layers) saved with the tokenizer."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
@@ -71,7 +73,7 @@ def build_model(folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128, num_labels=2, pad_token_id=0,
-                        id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
+                        id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
     torch.manual_seed(seed)
     model = BertForSequenceClassification(config).eval()
     model.save_pretrained(str(folder))
@@ -79,13 +81,19 @@ def build_model(folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     return folder
 
 
-def build_split_model(folder: Path, tokenizer_dir: Path, texts: list[str], seed: int = 0) -> Path:
+def build_split_model(
+    folder: Path,
+    tokenizer_dir: Path,
+    texts: list[str],
+    seed: int = 0,
+    labels: tuple[str, str] = ("negative", "positive"),
+) -> Path:
     """build_model, then a sensitive classifier whose threshold lies half-way between two of `texts`' margins, so
     that it labels half of them positive and half negative, each with its own score."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    build_model(folder, tokenizer_dir, seed)
+    build_model(folder, tokenizer_dir, seed, labels)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
     with torch.no_grad():

@@ -17,6 +17,7 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.exceptions import ClientError
+from fixtures_ml import CORPUS, build_split_model, build_tokenizer
 
 from pipeline.local.endpoint import (
     MAX_PAYLOAD_BYTES,
@@ -27,43 +28,7 @@ from pipeline.local.endpoint import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-CORPUS = [
-    "the sound quality is great and the battery life is excellent",
-    "the motor is terrible and the lid is flimsy, waste of money",
-    "i have no complaints about the fit. five stars from me",
-    "do not buy this. the stitching is cheap and the zippers broke",
-    "love it, works perfectly, exactly what i needed",
-    "disappointed: broke after a week, customer service never answered",
-]
 TEXTS = CORPUS + ["great", "terrible zippers", "the battery broke after a week of great sound"]
-
-MINIMAL_HANDLER = '''
-import json
-
-import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-
-def model_fn(model_dir):
-    return AutoTokenizer.from_pretrained(model_dir), AutoModelForSequenceClassification.from_pretrained(model_dir)
-
-
-def input_fn(input_data, content_type):
-    texts = json.loads(input_data)["inputs"]
-    return [texts] if isinstance(texts, str) else texts
-
-
-def predict_fn(texts, model):
-    tokenizer, classifier = model
-    with torch.no_grad():
-        probs = classifier(**tokenizer(texts, padding=True, return_tensors="pt")).logits.softmax(-1)
-    return [{"label": classifier.config.id2label[int(i)], "score": float(s)} for s, i in zip(*probs.max(-1))]
-
-
-def output_fn(prediction, accept):
-    return json.dumps(prediction)
-'''
 
 # A torch-free handler that reports what the toolkit contract handed it.
 CONTRACT_HANDLER = '''
@@ -94,49 +59,18 @@ def output_fn(prediction, accept, context=None):
 '''
 
 
-def build_tokenizer(folder: Path) -> None:
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=300, special_tokens=SPECIALS))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls),
-                                                                                               ("[SEP]", sep)])
-    specials = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "pad", "cls", "sep", "mask")}
-    PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=128, **specials).save_pretrained(str(folder))
-
-
-def build_model(folder: Path, tokenizer_dir: Path, labels: tuple[str, str], seed: int) -> list[str]:
-    """A random 2-layer BERT classifier whose labels split TEXTS in two; returns its label for each text."""
+def build_served_model(folder: Path, tokenizer_dir: Path, labels: tuple[str, str], seed: int) -> list[str]:
+    """A classifier whose labels split TEXTS in two, with the project's handler in code/; returns its labels."""
     import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, num_labels=2, pad_token_id=0,
-                        id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
-    torch.manual_seed(seed)
-    model = BertForSequenceClassification(config).eval()
-    with torch.no_grad():  # make the classifier sensitive, and put its threshold mid-way between two texts
-        batch = tok(TEXTS, padding=True, return_tensors="pt")
-        pooled = model.bert(**batch).pooler_output
-        model.classifier.weight.normal_(0, 1)
-        margins = (pooled @ (model.classifier.weight[1] - model.classifier.weight[0])).sort().values
-        middle = len(TEXTS) // 2
-        model.classifier.bias.copy_(torch.tensor([0.0, -float(margins[middle - 1] + margins[middle]) / 2]))
-        expected = [labels[int(i)] for i in model(**batch).logits.argmax(-1)]
-    model.save_pretrained(str(folder))
-    tok.save_pretrained(str(folder))
-    code = folder / "code"
-    code.mkdir()
-    handler = ROOT / "training" / "inference.py"
-    if handler.is_file():
-        shutil.copy(handler, code / "inference.py")
-    else:
-        (code / "inference.py").write_text(MINIMAL_HANDLER)
+    build_split_model(folder, tokenizer_dir, TEXTS, seed, labels)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        expected = [labels[int(i)] for i in model(**tok(TEXTS, padding=True, return_tensors="pt")).logits.argmax(-1)]
+    (folder / "code").mkdir()
+    shutil.copy(ROOT / "training" / "inference.py", folder / "code" / "inference.py")
     return expected
 
 
@@ -151,9 +85,9 @@ def make_tarball(folder: Path, target: Path) -> Path:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("models")
-    build_tokenizer(root / "tokenizer")
-    expected_a = build_model(root / "a", root / "tokenizer", ("negative", "positive"), seed=0)
-    expected_b = build_model(root / "b", root / "tokenizer", ("bad", "good"), seed=1)
+    build_tokenizer(root / "tokenizer", TEXTS)
+    expected_a = build_served_model(root / "a", root / "tokenizer", ("negative", "positive"), seed=0)
+    expected_b = build_served_model(root / "b", root / "tokenizer", ("bad", "good"), seed=1)
     contract = root / "contract"
     (contract / "code").mkdir(parents=True)
     (contract / "code" / "inference.py").write_text(CONTRACT_HANDLER)
