@@ -209,15 +209,6 @@ class Plan:
         }
 
 
-def _channel_like(request: dict, template: str, name: str, uri: str) -> dict:
-    """A copy of the input channel `template` of `request`, renamed `name` and reading `uri`."""
-    (channel,) = [c for c in request["InputDataConfig"] if c["ChannelName"] == template]
-    channel = copy.deepcopy(channel)
-    channel["ChannelName"] = name
-    channel["DataSource"]["S3DataSource"]["S3Uri"] = uri
-    return channel
-
-
 def plan(
     cfg: Config,
     definition: dict,
@@ -240,7 +231,7 @@ def plan(
         raise CompareError(f"--max-device-batch {max_device_batch}: expected >= 1")
     train = _train_step(definition)
     source = _data_step(train)
-    missing = [split for split in ("train", "validation") if split not in data]
+    missing = [split for split in ("train", "validation", "test") if split not in data]
     if missing:
         raise CompareError(f"tokenized data: no {missing[0]} split in {sorted(data)}")
     run_id = (now or datetime.now(timezone.utc)).strftime("%y%m%d%H%M%S")
@@ -288,8 +279,6 @@ def plan(
             }
         )
         request["OutputDataConfig"]["S3OutputPath"] = f"{cfg.s3_root}/compare/{run_id}"
-        if "test" in data:  # train.py scores the test split at the end: the same accuracy for every type
-            request["InputDataConfig"].append(_channel_like(request, "validation", "test", data["test"]))
         if "CheckpointConfig" in request:  # a fresh location: never resume from another run's checkpoint
             request["CheckpointConfig"]["S3Uri"] = f"{cfg.checkpoint_s3_uri}/compare/{name}"
         if not is_trainium(instance_type):

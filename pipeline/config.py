@@ -164,6 +164,8 @@ class Training(Section):
 
 class Evaluation(ProcessingResources):
     accuracy_threshold: float = Field(default=0.85, ge=0, le=1)
+    sample_size: int = Field(default=4000, ge=1)
+    min_agreement: float = Field(default=0.99, ge=0, le=1)
     int8: bool = True
     int8_tolerance: float = Field(default=0.005, ge=0, le=1)
 

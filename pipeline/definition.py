@@ -256,7 +256,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
             max_wait_time_in_seconds=cfg.training.spot.max_wait_seconds if cfg.training.spot.enabled else None,
         ),
         input_data_config=[
-            InputData(channel_name=split, data_source=tokenized(split)) for split in ("train", "validation")
+            InputData(channel_name=split, data_source=tokenized(split)) for split in ("train", "validation", "test")
         ],
         output_data_config=OutputDataConfig(
             s3_output_path=Join(on="/", values=[*run_prefix, "model"]), kms_key_id=cfg.aws.kms_key_id
@@ -293,6 +293,12 @@ def build_pipeline(cfg: Config) -> Pipeline:
                 f"{PROCESSING}/test",
                 "--output-dir",
                 f"{PROCESSING}/evaluation",
+                "--sample-size",
+                str(cfg.evaluation.sample_size),
+                "--min-agreement",
+                str(cfg.evaluation.min_agreement),
+                "--seed",
+                str(cfg.training.seed),
                 "--int8" if cfg.evaluation.int8 else "--no-int8",
                 "--int8-tolerance",
                 str(cfg.evaluation.int8_tolerance),
@@ -309,7 +315,11 @@ def build_pipeline(cfg: Config) -> Pipeline:
             "evaluation.json",
         ],
     )
-    accuracy = JsonGet(step_name=evaluate.name, property_file=evaluation_report, json_path="metrics.accuracy.value")
+    accuracy = JsonGet(
+        step_name=evaluate.name,
+        property_file=evaluation_report,
+        json_path="binary_classification_metrics.accuracy.value",
+    )
 
     # 5. Register the model; 6. deploy it when the registered version is Approved.
     model = ModelBuilder(
@@ -363,11 +373,13 @@ def build_pipeline(cfg: Config) -> Pipeline:
             LambdaOutput(output_name="action", output_type=LambdaOutputTypeEnum.String),
         ],
     )
+    # Not nested in AccuracyGate's branch: Pipelines does not support a condition step inside another.
     approved_gate = ConditionStep(
         name="ApprovedGate",
         conditions=[ConditionEquals(left=approval, right="Approved")],
         if_steps=[deploy],
         else_steps=[],
+        depends_on=[register],
     )
 
     # 4. Gate on accuracy; below the threshold the run fails and says why.
@@ -387,13 +399,13 @@ def build_pipeline(cfg: Config) -> Pipeline:
     gate = ConditionStep(
         name="AccuracyGate",
         conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=threshold)],
-        if_steps=[register, approved_gate],
+        if_steps=[register],
         else_steps=[too_low],
     )
     return Pipeline(
         name=cfg.pipeline.name,
         parameters=parameters,
-        steps=[tokenize, train, evaluate, gate],
+        steps=[tokenize, train, evaluate, gate, approved_gate],
         sagemaker_session=session,
     )
 

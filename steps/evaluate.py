@@ -1,27 +1,42 @@
-"""Evaluate step: score the trained model on the tokenized test split, on CPU.
+"""Evaluate step: the model's quality on the whole test split, checked here, and the endpoint's int8 / fp32 choice.
 
-Reads the model from --model-dir (SageMaker's model.tar.gz, or an extracted Hugging Face model folder) and the
-test split from --test-dir (Parquet shards written by preprocess.py). Predicts in batches of rows of similar
-length (sorted by length, padded per batch), then writes OUTPUT/evaluation.json:
+Inputs: --model-dir (the Train step's model.tar.gz, or an extracted Hugging Face model folder) and --test-dir
+(the Parquet shards of preprocess.py).
 
-    {"metrics": {"accuracy": {"value": 0.91, "standard_deviation": "NaN"}, "precision": {...},
-                 "recall": {...}, "f1": {...}},
-     "confusion_matrix": {"0": {"0": tn, "1": fp}, "1": {"0": fn, "1": tp}},   # actual -> predicted
-     "samples": N,
-     "inference": {"quantize": "int8" | "none", "fp32_accuracy": 0.91, "int8_accuracy": 0.909,
-                   "tolerance": 0.005, "reason": "..."}}
+Whole split. train.py scores the test split on all training devices and ships `predictions/test.parquet` (label,
+prediction, margin per row, in the split's file order) inside the artifact; the metrics, and so the gate's accuracy,
+are those of every test row. Scoring 400k reviews with bert-base on a CPU would take hours; reading them takes
+seconds. An artifact without that file (a model trained elsewhere) is scored here on CPU, every row.
 
-Precision, recall and F1 are those of the positive class (label 1). Accuracy is computed by the `evaluate`
-library with the metric module shipped in metrics/accuracy/ (loaded by path, never from the Hub).
+Check. A fixed stratified sample of --sample-size rows (seeded) is scored here on CPU in fp32 with the artifact's
+weights. The share of sampled rows on which it agrees with the Train step's predictions must be at least
+--min-agreement (bf16 on the accelerator may flip a row whose margin is near 0), else the step fails: predictions
+that are not this model's on this test split never reach the gate.
 
-The int8 variant (every Linear layer dynamically quantized, exactly as the endpoint's handler does it) is scored on
-the same rows; "inference.quantize" is "int8" when its accuracy is at most --int8-tolerance below fp32's, and the
-pipeline passes that choice to the endpoint (INFERENCE_QUANTIZE). Its accuracy is also the metric "int8_accuracy".
+Serving variant. The same sample is scored with the artifact's own `code/inference.py` int8 variant (every Linear
+layer dynamically quantized, as the endpoint does). The accuracy loss fp32 - int8 on the sample (paired rows) has
+a 95% interval; int8 is served only when the interval's upper end is within --int8-tolerance.
+
+Output OUTPUT/evaluation.json, in the model quality format SageMaker Studio shows for a model version:
+
+    {"version": 0.0,
+     "binary_classification_metrics": {"accuracy": {"value": 0.93, "standard_deviation": 0.0004}, "precision",
+         "recall", "f1", "auc", ..., "confusion_matrix": {"0": {"0": tn, "1": fp}, "1": {"0": fn, "1": tp}},
+         "receiver_operating_characteristic_curve", "precision_recall_curve"},
+     "dataset": {"rows", "positives", "predictions": "train step" | "this step (cpu)"},
+     "check": {"sample_size", "agreement", "agreement_ci95", "min_agreement", "disagreements", "passed"},
+     "inference": {"quantize": "int8" | "none", "fp32_accuracy", "sample_fp32_accuracy", "int8_accuracy",
+                   "accuracy_loss", "accuracy_loss_ci95", "sample_size", "tolerance", "reason"},
+     "seconds": ...}
+
+Accuracy is computed by the `evaluate` library with the metric module shipped in metrics/accuracy/ (loaded by
+path, never from the Hub); the other metrics by quality.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -34,13 +49,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import quality
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "accuracy"
 COLUMNS = ("input_ids", "token_type_ids", "label")
+PREDICTIONS_FILE = "predictions/test.parquet"
+REPORT_FILE = "evaluation.json"
 
 
 class StepError(Exception):
-    """A missing or unreadable input, reported as one clear line."""
+    """A missing, unreadable or inconsistent input, reported as one clear line."""
 
 
 def find_model(model_dir: Path, scratch: Path) -> tuple[Path, Path]:
@@ -52,13 +70,7 @@ def find_model(model_dir: Path, scratch: Path) -> tuple[Path, Path]:
     if archive.exists():
         try:
             with tarfile.open(archive, "r:*") as tar:
-                if hasattr(tarfile, "data_filter"):
-                    tar.extractall(scratch, filter="data")
-                else:  # older Python: refuse paths that leave the folder
-                    for member in tar.getmembers():
-                        if not (scratch / member.name).resolve().is_relative_to(scratch.resolve()):
-                            raise StepError(f"{archive}: unsafe path {member.name!r}")
-                    tar.extractall(scratch)
+                tar.extractall(scratch, filter="data")  # refuses members that would land outside scratch
         except (tarfile.TarError, OSError, EOFError) as e:
             raise StepError(f"{archive} is not a readable tar.gz archive: {type(e).__name__}: {e}") from e
         root, where = scratch, archive
@@ -81,6 +93,17 @@ def load_model(folder: Path, where: str) -> Any:
     if model.config.num_labels != 2:
         raise StepError(f"{where}: expected a 2-label classifier, found num_labels={model.config.num_labels}")
     return model.eval()
+
+
+def serving_handler(folder: Path) -> Any | None:
+    """The artifact's own code/inference.py (the endpoint's handler), or None when it has none."""
+    path = folder / "code" / "inference.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("serving_handler", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def read_split(test_dir: Path) -> pa.Table:
@@ -108,20 +131,35 @@ def read_split(test_dir: Path) -> pa.Table:
     if len(table) == 0:
         raise StepError(f"test folder {test_dir} holds no rows")
     if not np.isin(labels, (0, 1)).all():
-        found = sorted(set(labels.tolist()))
-        raise StepError(f"test folder {test_dir}: labels must be 0 or 1, found {found}")
+        raise StepError(f"test folder {test_dir}: labels must be 0 or 1, found {sorted(set(labels.tolist()))}")
     return table
+
+
+def read_predictions(folder: Path, labels: np.ndarray) -> np.ndarray | None:
+    """The Train step's margins of every test row, or None when the artifact has no predictions file."""
+    path = folder / PREDICTIONS_FILE
+    if not path.is_file():
+        return None
+    try:
+        table = pq.read_table(path, columns=["label", "margin"])
+    except (OSError, pa.ArrowException, KeyError) as e:
+        raise StepError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+    if len(table) != len(labels) or not np.array_equal(table["label"].to_numpy(), labels):
+        raise StepError(
+            f"{PREDICTIONS_FILE} of the model artifact ({len(table)} rows) does not match the test split "
+            f"({len(labels)} rows, labels in file order): the model was scored on other data"
+        )
+    return table["margin"].to_numpy().astype(np.float32)
 
 
 def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """Offsets and values of a list column, as numpy arrays."""
     arr = column.combine_chunks()
-    offsets = arr.offsets.to_numpy().astype(np.int64)
-    return offsets, arr.values.to_numpy()
+    return arr.offsets.to_numpy().astype(np.int64), arr.values.to_numpy()
 
 
 def predict(model: Any, table: pa.Table, batch_size: int, pad_id: int) -> np.ndarray:
-    """Predicted label per row, batching rows of similar length to keep padding small."""
+    """Margin (logit positive - logit negative) per row, batching rows of similar length to keep padding small."""
     import torch
 
     offsets, ids = _flat(table["input_ids"])
@@ -130,47 +168,49 @@ def predict(model: Any, table: pa.Table, batch_size: int, pad_id: int) -> np.nda
     if not np.array_equal(np.diff(type_offsets), lengths):
         raise StepError("token_type_ids and input_ids differ in length in some rows")
     order = np.argsort(lengths, kind="stable")
-    preds = np.empty(len(lengths), np.int64)
+    margins = np.empty(len(lengths), np.float32)
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
+            rows = order[start : start + batch_size]
             width = int(lengths[rows].max())
             pos = np.arange(width)
             mask = pos[None, :] < lengths[rows, None]
-            src = offsets[rows, None] + pos[None, :]
             input_ids = np.full((len(rows), width), pad_id, np.int64)
-            input_ids[mask] = ids[src[mask]]
+            input_ids[mask] = ids[(offsets[rows, None] + pos[None, :])[mask]]
             token_types = np.zeros((len(rows), width), np.int64)
             token_types[mask] = types[(type_offsets[rows, None] + pos[None, :])[mask]]
-            logits = model(input_ids=torch.from_numpy(input_ids),
-                           attention_mask=torch.from_numpy(mask.astype(np.int64)),
-                           token_type_ids=torch.from_numpy(token_types)).logits
-            preds[rows] = logits.argmax(-1).numpy()
-    return preds
+            logits = model(
+                input_ids=torch.from_numpy(input_ids),
+                attention_mask=torch.from_numpy(mask.astype(np.int64)),
+                token_type_ids=torch.from_numpy(token_types),
+            ).logits.float()
+            margins[rows] = (logits[:, 1] - logits[:, 0]).numpy()
+    return margins
 
 
-def quantize_int8(model: Any) -> Any:
-    """The endpoint's int8 variant: torch dynamic quantization of every Linear layer (see training/inference.py)."""
-    import warnings
+def stratified_sample(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """Sorted row indices of a seeded sample of `size` rows with each label in its share of the split."""
+    if size >= len(labels):
+        return np.arange(len(labels))
+    rng = np.random.default_rng(seed)
+    picked = []
+    for label in (0, 1):
+        rows = np.flatnonzero(labels == label)
+        take = round(size * len(rows) / len(labels))
+        picked.append(rng.choice(rows, size=min(take, len(rows)), replace=False))
+    return np.sort(np.concatenate(picked))
 
-    import torch
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in favour of torchao, and still works
-        from torch.ao.quantization import quantize_dynamic
-
-        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-
-
-def choose_variant(fp32: float, int8: float | None, tolerance: float, note: str = "") -> dict[str, Any]:
-    """The "inference" section: int8 only when it was measured and lost at most `tolerance` accuracy."""
-    chosen = int8 is not None and int8 >= fp32 - tolerance
-    if int8 is None:
-        reason = note or "int8 not evaluated"
-    else:
-        reason = f"int8 accuracy {int8:.4f} is {'within' if chosen else 'more than'} {tolerance:g} of fp32 {fp32:.4f}"
-    return {"quantize": "int8" if chosen else "none", "fp32_accuracy": fp32, "int8_accuracy": int8,
-            "tolerance": tolerance, "reason": reason}
+def choose_variant(loss: float | None, upper: float | None, tolerance: float, note: str = "") -> dict[str, Any]:
+    """int8 only when it was measured and the upper end of its accuracy loss's 95% interval is within tolerance."""
+    if upper is None:
+        return {"quantize": "none", "reason": note or "int8 not evaluated"}
+    chosen = upper <= tolerance
+    return {
+        "quantize": "int8" if chosen else "none",
+        "reason": f"int8 loses {loss:.4f} accuracy on the sample (95% interval up to {upper:.4f}), "
+        f"{'within' if chosen else 'beyond'} the tolerance {tolerance:g}",
+    }
 
 
 def accuracy(predictions: np.ndarray, references: np.ndarray) -> float:
@@ -185,49 +225,87 @@ def accuracy(predictions: np.ndarray, references: np.ndarray) -> float:
     return float(metric.compute(predictions=predictions.tolist(), references=references.tolist())["accuracy"])
 
 
-def report(predictions: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    """evaluation.json's content: accuracy, precision/recall/F1 of class 1, confusion matrix."""
-    cm = np.zeros((2, 2), np.int64)
-    np.add.at(cm, (labels.astype(np.int64), predictions.astype(np.int64)), 1)
-    tp, fp, fn = cm[1, 1], cm[0, 1], cm[1, 0]
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    values = {"accuracy": accuracy(predictions, labels), "precision": precision, "recall": recall, "f1": f1}
+def check(fp32: np.ndarray, train_step: np.ndarray, min_agreement: float, seed: int) -> dict[str, Any]:
+    """How often the CPU's fp32 predictions of the sample agree with the Train step's."""
+    agree, n = int(((fp32 > 0) == (train_step > 0)).sum()), len(fp32)
     return {
-        "metrics": {k: {"value": float(v), "standard_deviation": "NaN"} for k, v in values.items()},
-        "confusion_matrix": {str(a): {str(p): int(cm[a, p]) for p in (0, 1)} for a in (0, 1)},
-        "samples": int(len(labels)),
+        "sample_size": n,
+        "seed": seed,
+        "agreement": agree / n,
+        "agreement_ci95": list(quality.wilson_interval(agree, n)),
+        "min_agreement": min_agreement,
+        "disagreements": n - agree,
+        "passed": agree / n >= min_agreement,
     }
+
+
+def serving_variant(
+    fp32_correct: np.ndarray, int8_correct: np.ndarray | None, tolerance: float, note: str
+) -> dict[str, Any]:
+    """The "inference" section: the int8 / fp32 choice and the sample accuracies behind it."""
+    section: dict[str, Any] = {"sample_size": len(fp32_correct), "sample_fp32_accuracy": float(fp32_correct.mean())}
+    if int8_correct is None:
+        return {**choose_variant(None, None, tolerance, note), **section, "int8_accuracy": None,
+                "accuracy_loss": None, "accuracy_loss_ci95": None, "tolerance": tolerance}
+    loss, low, high = quality.paired_difference(fp32_correct, int8_correct)
+    return {**choose_variant(loss, high, tolerance), **section, "int8_accuracy": float(int8_correct.mean()),
+            "accuracy_loss": loss, "accuracy_loss_ci95": [low, high], "tolerance": tolerance}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole step; returns the evaluation (also written to OUTPUT/evaluation.json)."""
     t0 = time.perf_counter()
     table = read_split(Path(args.test_dir))
+    labels = table["label"].to_numpy().astype(np.int64)
     with tempfile.TemporaryDirectory() as scratch:
         folder, where = find_model(Path(args.model_dir), Path(scratch))
         model = load_model(folder, str(where))
+        handler = serving_handler(folder)
+        margins = read_predictions(folder, labels)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    labels = table["label"].to_numpy()
-    preds = predict(model, table, args.batch_size, pad_id)
-    result = report(preds, labels)
-    fp32, int8, note = result["metrics"]["accuracy"]["value"], None, "--no-int8 was given"
-    if args.int8:
-        try:
-            quantized = quantize_int8(model)
-        except Exception as e:  # a torch without torch.ao.quantization: serve fp32
-            note = f"int8 unavailable: {type(e).__name__}: {e}"
-        else:
-            int8 = accuracy(predict(quantized, table, args.batch_size, pad_id), labels)
-            result["metrics"]["int8_accuracy"] = {"value": int8, "standard_deviation": "NaN"}
-    result["inference"] = choose_variant(fp32, int8, args.int8_tolerance, note)
+    source = "train step" if margins is not None else "this step (cpu)"
+    if margins is None:
+        margins = predict(model, table, args.batch_size, pad_id)
+    metrics = quality.binary_classification_metrics(labels, margins, args.seed)
+    metrics["accuracy"]["value"] = accuracy((margins > 0).astype(np.int64), labels)
+
+    sample = stratified_sample(labels, args.sample_size, args.seed)
+    rows = table.take(pa.array(sample))
+    fp32 = predict(model, rows, args.batch_size, pad_id) if source == "train step" else margins[sample]
+    positive = labels[sample] == 1
+    int8_correct, note = None, "--no-int8 was given"
+    if args.int8 and handler is None:
+        note = "the artifact has no code/inference.py to quantize with"
+    elif args.int8:
+        int8_correct = (predict(handler.quantize_int8(model), rows, args.batch_size, pad_id) > 0) == positive
+    result = {
+        "version": 0.0,
+        "binary_classification_metrics": metrics,
+        "dataset": {"rows": len(labels), "positives": int(labels.sum()), "predictions": source},
+        "check": check(fp32, margins[sample], args.min_agreement, args.seed),
+        "inference": {
+            **serving_variant((fp32 > 0) == positive, int8_correct, args.int8_tolerance, note),
+            "fp32_accuracy": metrics["accuracy"]["value"],
+        },
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"evaluated {result['samples']} rows in {time.perf_counter() - t0:.1f} s: "
-          + ", ".join(f"{k}={v['value']:.4f}" for k, v in result["metrics"].items())
-          + f"; endpoint variant {result['inference']['quantize']} ({result['inference']['reason']})", flush=True)
+    (out / REPORT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    checked, chosen = result["check"], result["inference"]
+    print(
+        f"evaluated {len(labels)} rows (predictions: {source}) in {result['seconds']:.1f} s: "
+        f"accuracy={metrics['accuracy']['value']:.4f} f1={metrics['f1']['value']:.4f} "
+        f"auc={metrics['auc']['value']:.4f}; cpu check on {len(sample)} rows: agreement {checked['agreement']:.4f}; "
+        f"endpoint variant {chosen['quantize']} ({chosen['reason']})",
+        flush=True,
+    )
+    if not checked["passed"]:
+        raise StepError(
+            f"the Train step's predictions and this model on CPU disagree on {checked['disagreements']} of "
+            f"{len(sample)} sampled test rows (agreement {checked['agreement']:.4f} < --min-agreement "
+            f"{args.min_agreement}): the predictions do not come from this model on this test split"
+        )
     return result
 
 
@@ -238,20 +316,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test-dir", default="/opt/ml/processing/test")
     p.add_argument("--output-dir", default="/opt/ml/processing/evaluation")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--sample-size", type=int, default=4000, help="rows scored here on CPU (check and int8)")
+    p.add_argument("--min-agreement", type=float, default=0.99,
+                   help="least share of sampled rows on which the CPU agrees with the Train step's predictions")
+    p.add_argument("--seed", type=int, default=42)
     p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
                    help="also score the int8 variant and choose the endpoint's variant (default on)")
     p.add_argument("--int8-tolerance", type=float, default=0.005,
                    help="largest accuracy loss (a fraction: 0.005 = 0.5 points) that still serves int8")
     args = p.parse_args(argv)
-    if args.batch_size < 1:
-        p.error("--batch-size must be at least 1")
-    if not 0 <= args.int8_tolerance <= 1:
-        p.error("--int8-tolerance must be between 0 and 1")
+    if args.batch_size < 1 or args.sample_size < 1:
+        p.error("--batch-size and --sample-size must be at least 1")
+    if not 0 <= args.int8_tolerance <= 1 or not 0 <= args.min_agreement <= 1:
+        p.error("--int8-tolerance and --min-agreement must be between 0 and 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the step; exit status 1 with a one-line message on a missing or unreadable input."""
+    """Run the step; exit status 1 with a one-line message on a missing, unreadable or inconsistent input."""
     args = parse_args(argv)
     try:
         run(args)

@@ -32,10 +32,15 @@ CORPUS = [
 
 
 def load_step(name: str, module_name: str | None = None) -> ModuleType:
-    """Import steps/<name>.py under module_name (steps/evaluate.py must not be imported as `evaluate`)."""
+    """Import steps/<name>.py under module_name (steps/evaluate.py must not be imported as `evaluate`).
+
+    steps/ goes at the end of sys.path, as a sibling import finds it in the container (after the libraries, so
+    that `import evaluate` still means the library)."""
     module_name = module_name or f"{name}_step"
     if module_name in sys.modules:
         return sys.modules[module_name]
+    if str(STEPS) not in sys.path:
+        sys.path.append(str(STEPS))
     spec = importlib.util.spec_from_file_location(module_name, STEPS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
@@ -109,3 +114,26 @@ def build_split_model(
         model.classifier.bias.copy_(torch.tensor([0.0, -center * scale]))
     model.save_pretrained(str(folder))
     return folder
+
+
+def write_tokenized(folder: Path, input_ids: list[list[int]], token_type_ids: list[list[int]], labels: list[int],
+                    shards: int = 2) -> Path:
+    """A tokenized split written by preprocess.py's own SplitWriter and schema, rows in order over `shards` files."""
+    import numpy as np
+    import pyarrow as pa
+
+    pre = load_step("preprocess")
+    table = pa.table({"input_ids": input_ids, "token_type_ids": token_type_ids, "label": labels,
+                      "length": [len(ids) for ids in input_ids]}, schema=pre.SCHEMA)
+    longest = max((len(ids) for ids in input_ids), default=1)
+    writer = pre.SplitWriter(folder, longest, rows_per_shard=max(1, -(-len(labels) // shards)))
+    writer.write(table, np.zeros(len(labels), bool))
+    writer.close()
+    return folder
+
+
+def add_serving_code(model_dir: Path) -> Path:
+    """Ship training/inference.py as code/inference.py, as train.py does."""
+    (model_dir / "code").mkdir(exist_ok=True)
+    (model_dir / "code" / "inference.py").write_bytes((ROOT / "training" / "inference.py").read_bytes())
+    return model_dir

@@ -8,8 +8,7 @@ words to `max_words`, so batches fall into several sequence-length buckets.
 import random
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from fixtures_ml import write_tokenized
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
 POSITIVE = ["great", "excellent", "love", "wonderful", "perfect", "fantastic", "recommend", "happy"]
@@ -118,27 +117,4 @@ def write_split(
     enc = tokenizer(
         [t for t, _ in pairs], [c for _, c in pairs], truncation="only_second", max_length=max_length
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    schema = pa.schema(
-        [
-            ("input_ids", pa.list_(pa.int32())),
-            ("token_type_ids", pa.list_(pa.int8())),
-            ("label", pa.int8()),
-            ("length", pa.int32()),
-        ]
-    )
-    per_shard = -(-rows // shards)
-    for s in range(shards):
-        part = slice(s * per_shard, (s + 1) * per_shard)
-        ids = enc["input_ids"][part]
-        table = pa.table(
-            {
-                "input_ids": ids,
-                "token_type_ids": enc["token_type_ids"][part],
-                "label": labels[part],
-                "length": [len(x) for x in ids],
-            },
-            schema=schema,
-        )
-        pq.write_table(table, folder / f"part-{s:05d}.parquet")
-    return folder
+    return write_tokenized(folder, enc["input_ids"], enc["token_type_ids"], labels, shards=shards)

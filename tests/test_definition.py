@@ -74,7 +74,7 @@ def test_is_byte_identical_for_the_same_config(text):
 
 
 def test_steps_types_and_wiring(dag, steps):
-    assert [s["Name"] for s in dag["Steps"]] == ["Tokenize", "Train", "Evaluate", "AccuracyGate"]
+    assert [s["Name"] for s in dag["Steps"]] == ["Tokenize", "Train", "Evaluate", "AccuracyGate", "ApprovedGate"]
     assert {n: s["Type"] for n, s in steps.items()} == {
         "Tokenize": "Processing",
         "Train": "Training",
@@ -86,18 +86,20 @@ def test_steps_types_and_wiring(dag, steps):
         "AccuracyTooLow": "Fail",
     }
     gate = steps["AccuracyGate"]["Arguments"]
-    assert [s["Name"] for s in gate["IfSteps"]] == ["RegisterModel", "ApprovedGate"]
+    assert [s["Name"] for s in gate["IfSteps"]] == ["RegisterModel"]
+    assert steps["ApprovedGate"]["DependsOn"] == ["RegisterModel"]  # not nested: no condition inside a condition
     assert [s["Name"] for s in gate["ElseSteps"]] == ["AccuracyTooLow"]
     assert [s["Name"] for s in steps["ApprovedGate"]["Arguments"]["IfSteps"]] == ["Deploy"]
     assert steps["ApprovedGate"]["Arguments"]["ElseSteps"] == []
-    # Data dependencies: Train reads Tokenize's outputs, Evaluate reads Train's model and Tokenize's test split.
+    # Data dependencies: Train reads Tokenize's outputs (it scores the test split too), Evaluate reads Train's model
+    # (with its test predictions) and Tokenize's test split.
     train_channels = {
         c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
         for c in steps["Train"]["Arguments"]["InputDataConfig"]
     }
     assert train_channels == {
         split: {"Get": f"Steps.Tokenize.ProcessingOutputConfig.Outputs['{split}'].S3Output.S3Uri"}
-        for split in ("train", "validation")
+        for split in ("train", "validation", "test")
     }
     evaluate_inputs = {
         i["InputName"]: i["S3Input"]["S3Uri"] for i in steps["Evaluate"]["Arguments"]["ProcessingInputs"]
@@ -182,7 +184,7 @@ def test_accuracy_gate_compares_the_evaluation_report_with_the_threshold(steps):
     assert condition["Type"] == "GreaterThanOrEqualTo"
     assert condition["LeftValue"] == {
         "Std:JsonGet": {
-            "Path": "metrics.accuracy.value",
+            "Path": "binary_classification_metrics.accuracy.value",
             "PropertyFile": {"Get": "Steps.Evaluate.PropertyFiles.EvaluationReport"},
         }
     }
@@ -210,6 +212,8 @@ def test_register_and_deploy(steps):
     assert environment["SAGEMAKER_PROGRAM"] == "inference.py"
     arguments = steps["Evaluate"]["Arguments"]["AppSpecification"]["ContainerArguments"]
     assert arguments[arguments.index("--int8-tolerance") + 1] == "0.005" and "--int8" in arguments
+    assert arguments[arguments.index("--sample-size") + 1] == "4000"
+    assert arguments[arguments.index("--min-agreement") + 1] == "0.99"
     stats = register["ModelMetrics"]["ModelQuality"]["Statistics"]
     assert stats["S3Uri"]["Std:Join"]["Values"][-1] == "evaluation.json"
     (approved,) = steps["ApprovedGate"]["Arguments"]["Conditions"]

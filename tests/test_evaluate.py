@@ -1,4 +1,4 @@
-"""Tests of steps/evaluate.py and the shipped accuracy metric, with a tiny random BERT classifier."""
+"""Tests of steps/evaluate.py, steps/quality.py and the shipped accuracy metric, with a tiny random BERT classifier."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_ml import STEPS, build_model, build_tokenizer, load_step
+from fixtures_ml import STEPS, add_serving_code, build_model, build_tokenizer, load_step, write_tokenized
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 ev = load_step("evaluate")
+quality = load_step("quality")
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model runs fastest on one thread
 LABELS = [1, 0, 1, 1, 0, 0, 0]  # 3 positive of 7
 
@@ -37,7 +38,7 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("model")
-    return build_model(root / "model", build_tokenizer(root / "tok"), seed=1)
+    return add_serving_code(build_model(root / "model", build_tokenizer(root / "tok"), seed=1))
 
 
 def tarball(folder: Path, dest: Path) -> Path:
@@ -49,20 +50,12 @@ def tarball(folder: Path, dest: Path) -> Path:
     return dest
 
 
-def write_split(folder: Path, rows: list[tuple[list[int], list[int], int]], shards: int = 2) -> Path:
-    """Parquet shards in the preprocess format."""
-    folder.mkdir(parents=True, exist_ok=True)
-    schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("token_type_ids", pa.list_(pa.int8())),
-                        ("label", pa.int8()), ("length", pa.int32())])
-    for i in range(shards):
-        part = rows[i::shards]
-        pq.write_table(pa.table({"input_ids": [r[0] for r in part], "token_type_ids": [r[1] for r in part],
-                                 "label": [r[2] for r in part], "length": [len(r[0]) for r in part]},
-                                schema=schema), folder / f"part-{i:05d}.parquet")
-    return folder
-
-
 Row = tuple[list[int], list[int], int]
+
+
+def write_split(folder: Path, rows: list[Row], shards: int = 2) -> Path:
+    """Parquet shards written by preprocess.py's own writer, rows in order."""
+    return write_tokenized(folder, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], shards)
 
 
 def random_rows(n: int, seed: int = 0, labels: list[int] | None = None) -> list[Row]:
@@ -78,6 +71,11 @@ def random_rows(n: int, seed: int = 0, labels: list[int] | None = None) -> list[
     return rows
 
 
+def save_copy(model, model_dir: Path, dest: Path) -> Path:
+    model.save_pretrained(str(dest))
+    return add_serving_code(dest)
+
+
 def constant_model(model_dir: Path, dest: Path, label: int) -> Path:
     """A copy of the model whose classifier always answers `label` (weights 0, bias favours it)."""
     import torch
@@ -87,8 +85,7 @@ def constant_model(model_dir: Path, dest: Path, label: int) -> Path:
     with torch.no_grad():
         model.classifier.weight.zero_()
         model.classifier.bias.copy_(torch.tensor([1.0 - label, float(label)]))
-    model.save_pretrained(str(dest))
-    return dest
+    return save_copy(model, model_dir, dest)
 
 
 def split_at_median(model_dir: Path, dest: Path, rows: list[Row]) -> Path:
@@ -105,21 +102,41 @@ def split_at_median(model_dir: Path, dest: Path, rows: list[Row]) -> Path:
                               .pooler_output[0] @ model.classifier.weight[1]) for ids, types, _ in rows)
         middle = len(scores) // 2
         model.classifier.bias.copy_(torch.tensor([0.0, -(scores[middle - 1] + scores[middle]) / 2]))
-    model.save_pretrained(str(dest))
-    return dest
+    return save_copy(model, model_dir, dest)
 
 
-def evaluate(model: Path, test: Path, out: Path, batch_size: int = 3) -> dict:
+def row_by_row(model_dir: Path, rows: list[Row], quantize: bool = False) -> np.ndarray:
+    """Independent margins: one unpadded row at a time."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
+    model = ev.serving_handler(model_dir).quantize_int8(model) if quantize else model
+    with torch.inference_mode():
+        logits = [model(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0]
+                  for ids, types, _ in rows]
+    return np.array([float(x[1] - x[0]) for x in logits])
+
+
+def write_predictions(model_dir: Path, rows: list[Row], margins: np.ndarray) -> Path:
+    """What train.py ships: predictions/test.parquet with label, prediction and margin per test row."""
+    (model_dir / "predictions").mkdir(exist_ok=True)
+    table = pa.table({"label": pa.array([r[2] for r in rows], pa.int8()),
+                      "prediction": pa.array((margins > 0).astype(np.int8)),
+                      "margin": pa.array(margins.astype(np.float32))})
+    pq.write_table(table, model_dir / "predictions" / "test.parquet")
+    return model_dir
+
+
+def evaluate(model: Path, test: Path, out: Path, *extra: str, batch_size: int = 3) -> dict:
     argv = ["--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(out),
-            "--batch-size", str(batch_size)]
+            "--batch-size", str(batch_size), *extra]
     assert ev.main(argv) == 0
     return json.loads((out / "evaluation.json").read_text())
 
 
 def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tmp_path: Path) -> None:
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
+    """No predictions in the artifact: every test row is scored here on CPU."""
     rows = random_rows(40, seed=3)
     test = write_split(tmp_path / "test", rows)
     model_dir = split_at_median(model_dir, tmp_path / "model", rows)
@@ -129,100 +146,166 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
 
-    # independent predictions: one unpadded row at a time, in file order
-    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
-    ordered = [r for i in range(2) for r in rows[i::2]]
-    with torch.inference_mode():
-        preds = np.array([int(model(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types]))
-                              .logits.argmax(-1)) for ids, types, _ in ordered])
-    labels = np.array([r[2] for r in ordered])
+    margins = row_by_row(model_dir, rows)
+    preds, labels = (margins > 0).astype(int), np.array([r[2] for r in rows])
     tp, fp = int(((preds == 1) & (labels == 1)).sum()), int(((preds == 1) & (labels == 0)).sum())
     fn, tn = int(((preds == 0) & (labels == 1)).sum()), int(((preds == 0) & (labels == 0)).sum())
     assert 0 < tp + fp < 40, "the random model should predict both classes for a meaningful test"
 
-    assert set(result) == {"metrics", "confusion_matrix", "samples", "inference"}
-    assert set(result["metrics"]) == {"accuracy", "precision", "recall", "f1", "int8_accuracy"}
-    for metric in result["metrics"].values():
-        assert metric["standard_deviation"] == "NaN" and isinstance(metric["value"], float)
-    assert result["samples"] == 40
-    assert result["metrics"]["accuracy"]["value"] == pytest.approx((tp + tn) / 40, abs=1e-12)
+    assert set(result) == {"version", "binary_classification_metrics", "dataset", "check", "inference", "seconds"}
+    metrics = result["binary_classification_metrics"]
+    for name in ("accuracy", "precision", "recall", "f1", "auc", "true_positive_rate", "false_positive_rate"):
+        assert isinstance(metrics[name]["value"], float) and isinstance(metrics[name]["standard_deviation"], float)
+    assert result["dataset"] == {"rows": 40, "positives": int(labels.sum()), "predictions": "this step (cpu)"}
+    assert metrics["accuracy"]["value"] == pytest.approx((tp + tn) / 40, abs=1e-12)
     precision, recall = tp / (tp + fp), (tp / (tp + fn) if tp + fn else 0.0)
-    assert result["metrics"]["precision"]["value"] == pytest.approx(precision)
-    assert result["metrics"]["recall"]["value"] == pytest.approx(recall)
+    assert metrics["precision"]["value"] == pytest.approx(precision)
+    assert metrics["recall"]["value"] == pytest.approx(recall)
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    assert result["metrics"]["f1"]["value"] == pytest.approx(f1)
-    assert result["confusion_matrix"] == {"0": {"0": tn, "1": fp}, "1": {"0": fn, "1": tp}}
+    assert metrics["f1"]["value"] == pytest.approx(f1)
+    assert metrics["confusion_matrix"] == {"0": {"0": tn, "1": fp}, "1": {"0": fn, "1": tp}}
+    pairs = [(pos > neg) + 0.5 * (pos == neg) for pos in margins[labels == 1] for neg in margins[labels == 0]]
+    assert metrics["auc"]["value"] == pytest.approx(np.mean(pairs))
 
     inference = result["inference"]
-    assert inference["fp32_accuracy"] == result["metrics"]["accuracy"]["value"]
-    assert inference["int8_accuracy"] == result["metrics"]["int8_accuracy"]["value"]
-    assert inference["tolerance"] == 0.005
-    expected = "int8" if inference["int8_accuracy"] >= inference["fp32_accuracy"] - 0.005 else "none"
-    assert inference["quantize"] == expected
+    assert inference["fp32_accuracy"] == metrics["accuracy"]["value"] == inference["sample_fp32_accuracy"]
+    assert inference["sample_size"] == 40 and inference["tolerance"] == 0.005
+    low, high = inference["accuracy_loss_ci95"]
+    assert low <= inference["accuracy_loss"] <= high
+    assert inference["quantize"] == ("int8" if high <= 0.005 else "none")
+    assert result["check"]["passed"] and result["check"]["agreement"] == 1.0
+
+
+def test_whole_split_metrics_come_from_the_train_steps_predictions(model_dir: Path, tmp_path: Path) -> None:
+    """With predictions/test.parquet, every row counts in the gate's accuracy; only a sample is scored here."""
+    rows = random_rows(60, seed=4)
+    model = split_at_median(model_dir, tmp_path / "model", rows)
+    margins = row_by_row(model, rows)
+    write_predictions(model, rows, margins)
+    result = evaluate(model, write_split(tmp_path / "test", rows), tmp_path / "eval", "--sample-size", "20")
+    labels = np.array([r[2] for r in rows])
+    metrics = result["binary_classification_metrics"]
+    assert result["dataset"]["predictions"] == "train step" and result["dataset"]["rows"] == 60
+    assert metrics["accuracy"]["value"] == pytest.approx(float(np.mean((margins > 0) == (labels == 1))))
+    check = result["check"]
+    assert check["sample_size"] == 20 and check["agreement"] == 1.0 and check["passed"]
+    low, high = check["agreement_ci95"]
+    assert 0.8 < low < 1.0 == high  # the Wilson interval of 20 of 20
+    sample = ev.stratified_sample(labels, 20, 42)
+    assert abs(int(labels[sample].sum()) - round(20 * labels.mean())) <= 1  # stratified by label
+    assert result["inference"]["sample_size"] == 20
+
+
+def test_predictions_of_another_model_fail_the_check(model_dir: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    rows = random_rows(30, seed=6)
+    model = split_at_median(model_dir, tmp_path / "model", rows)
+    write_predictions(model, rows, -row_by_row(model, rows))  # every prediction flipped
+    test = write_split(tmp_path / "test", rows)
+    argv = ["--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(tmp_path / "eval")]
+    assert ev.main(argv) == 1
+    assert "disagree on 30 of 30 sampled test rows" in capsys.readouterr().err
+
+    write_predictions(model, rows[:-1], row_by_row(model, rows[:-1]))  # one row short: another test split
+    assert ev.main(argv) == 1
+    assert "does not match the test split (30 rows" in capsys.readouterr().err
 
 
 def test_int8_accuracy_is_that_of_the_quantized_model(model_dir: Path, tmp_path: Path) -> None:
     """Batch size 1, so that no padding enters the per-batch activation scales of dynamic quantization."""
     import torch
-    from transformers import AutoModelForSequenceClassification
 
     rows = random_rows(40, seed=3)
     model_dir = split_at_median(model_dir, tmp_path / "model", rows)
     result = evaluate(model_dir, write_split(tmp_path / "test", rows), tmp_path / "eval", batch_size=1)
-    fp32 = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
-    int8 = ev.quantize_int8(AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval())
+    handler = ev.serving_handler(model_dir)
+    from transformers import AutoModelForSequenceClassification
+
+    int8 = handler.quantize_int8(AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval())
     assert sum(isinstance(m, torch.nn.Linear) for m in int8.modules()) == 0, "every Linear layer is quantized"
-    with torch.inference_mode():
-        correct = {name: [int(model(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types]))
-                              .logits.argmax(-1)) == label for ids, types, label in rows]
-                   for name, model in (("fp32", fp32), ("int8", int8))}
-    assert result["metrics"]["accuracy"]["value"] == pytest.approx(np.mean(correct["fp32"]), abs=1e-12)
-    assert result["metrics"]["int8_accuracy"]["value"] == pytest.approx(np.mean(correct["int8"]), abs=1e-12)
+    labels = np.array([r[2] for r in rows]) == 1
+    fp32_correct = (row_by_row(model_dir, rows) > 0) == labels
+    int8_correct = (row_by_row(model_dir, rows, quantize=True) > 0) == labels
+    assert result["binary_classification_metrics"]["accuracy"]["value"] == pytest.approx(fp32_correct.mean())
+    assert result["inference"]["int8_accuracy"] == pytest.approx(int8_correct.mean(), abs=1e-12)
+    assert result["inference"]["accuracy_loss"] == pytest.approx(fp32_correct.mean() - int8_correct.mean())
 
 
 @pytest.mark.parametrize(
-    ("fp32", "int8", "tolerance", "chosen"),
-    [(0.90, 0.90, 0.005, "int8"), (0.90, 0.896, 0.005, "int8"), (0.90, 0.894, 0.005, "none"),
-     (0.90, 0.95, 0.0, "int8"), (0.90, 0.8999, 0.0, "none"), (0.90, None, 0.005, "none")],
+    ("loss", "upper", "tolerance", "chosen"),
+    [(0.0, 0.004, 0.005, "int8"), (0.002, 0.005, 0.005, "int8"), (0.001, 0.0051, 0.005, "none"),
+     (-0.01, -0.001, 0.0, "int8"), (0.0, 0.0001, 0.0, "none"), (None, None, 0.005, "none")],
 )
-def test_int8_is_served_only_within_the_tolerance(fp32: float, int8: float | None, tolerance: float,
-                                                  chosen: str) -> None:
-    section = ev.choose_variant(fp32, int8, tolerance, "--no-int8 was given")
+def test_int8_is_served_only_when_its_loss_interval_is_within_the_tolerance(
+    loss: float | None, upper: float | None, tolerance: float, chosen: str
+) -> None:
+    section = ev.choose_variant(loss, upper, tolerance, "--no-int8 was given")
     assert section["quantize"] == chosen
-    assert section["fp32_accuracy"] == fp32 and section["int8_accuracy"] == int8
-    assert ("--no-int8" in section["reason"]) == (int8 is None)
+    assert ("--no-int8" in section["reason"]) == (upper is None)
 
 
 def test_no_int8_serves_fp32_and_scores_once(model_dir: Path, tmp_path: Path) -> None:
     test = write_split(tmp_path / "test", random_rows(12, seed=9))
-    argv = ["--model-dir", str(model_dir), "--test-dir", str(test), "--output-dir", str(tmp_path / "out"),
-            "--no-int8"]
-    assert ev.main(argv) == 0
-    result = json.loads((tmp_path / "out" / "evaluation.json").read_text())
-    assert "int8_accuracy" not in result["metrics"]
+    result = evaluate(model_dir, test, tmp_path / "out", "--no-int8")
     assert result["inference"]["quantize"] == "none" and result["inference"]["int8_accuracy"] is None
+    assert "--no-int8" in result["inference"]["reason"]
+
+
+def test_an_artifact_without_serving_code_serves_fp32(model_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(model_dir, bare, ignore=shutil.ignore_patterns("code"))
+    result = evaluate(bare, write_split(tmp_path / "test", random_rows(8, seed=2)), tmp_path / "out")
+    assert result["inference"]["quantize"] == "none" and "code/inference.py" in result["inference"]["reason"]
 
 
 @pytest.mark.parametrize("label", [1, 0])
 def test_hand_computed_metrics_for_a_constant_model(model_dir: Path, tmp_path: Path, label: int) -> None:
     model = constant_model(model_dir, tmp_path / "model", label)
     test = write_split(tmp_path / "test", random_rows(len(LABELS), labels=LABELS), shards=1)
-    result = evaluate(model, test, tmp_path / "eval")
-    values = {k: v["value"] for k, v in result["metrics"].items() if k != "int8_accuracy"}
+    metrics = evaluate(model, test, tmp_path / "eval")["binary_classification_metrics"]
+    values = {k: metrics[k]["value"] for k in ("accuracy", "precision", "recall", "f1")}
     if label == 1:  # always positive: 3 of 7 right, every positive found
         assert values == pytest.approx({"accuracy": 3 / 7, "precision": 3 / 7, "recall": 1.0, "f1": 0.6})
-        assert result["confusion_matrix"] == {"0": {"0": 0, "1": 4}, "1": {"0": 0, "1": 3}}
+        assert metrics["confusion_matrix"] == {"0": {"0": 0, "1": 4}, "1": {"0": 0, "1": 3}}
     else:  # always negative: 4 of 7 right, no positive predicted
         assert values == pytest.approx({"accuracy": 4 / 7, "precision": 0.0, "recall": 0.0, "f1": 0.0})
-        assert result["confusion_matrix"] == {"0": {"0": 4, "1": 0}, "1": {"0": 3, "1": 0}}
-    assert result["samples"] == 7
+        assert metrics["confusion_matrix"] == {"0": {"0": 4, "1": 0}, "1": {"0": 3, "1": 0}}
+    assert metrics["accuracy_best_constant_classifier"]["value"] == pytest.approx(4 / 7)
+    assert metrics["auc"]["value"] == 0.5  # one margin for every row: all ties
 
 
 def test_batch_size_does_not_change_predictions(model_dir: Path, tmp_path: Path) -> None:
     test = write_split(tmp_path / "test", random_rows(30, seed=5))
     a = evaluate(model_dir, test, tmp_path / "a", batch_size=1)
     b = evaluate(model_dir, test, tmp_path / "b", batch_size=7)
+    a.pop("seconds"), b.pop("seconds")
     assert a == b
+
+
+def test_quality_standard_deviations_intervals_and_curves() -> None:
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 4000)
+    margins = rng.normal(labels * 1.5 - 0.75, 1.0)
+    metrics = quality.binary_classification_metrics(labels, margins)
+    p = metrics["accuracy"]["value"]
+    assert metrics["accuracy"]["standard_deviation"] == pytest.approx(np.sqrt(p * (1 - p) / 4000), rel=0.2)
+    assert quality.binary_classification_metrics(labels, margins) == metrics  # seeded: the same file every run
+    assert 0.75 < metrics["auc"]["value"] < 0.9 and 0 < metrics["auc"]["standard_deviation"] < 0.02
+    roc = metrics["receiver_operating_characteristic_curve"]
+    assert roc["false_positive_rates"][0] == 0.0 and roc["true_positive_rates"][-1] == 1.0
+    assert len(roc["true_positive_rates"]) <= quality.CURVE_POINTS + 1
+    assert np.all(np.diff(roc["true_positive_rates"]) >= 0)
+    low, high = quality.wilson_interval(95, 100)
+    assert low == pytest.approx(0.8882, abs=1e-4) and high == pytest.approx(0.9785, abs=1e-4)
+    same = np.ones(500, bool)
+    loss, low, high = quality.paired_difference(same, same)
+    assert loss == 0.0 and low < 0 < high < 0.01  # no discordant pair still leaves an interval
+    worse = same.copy()
+    worse[:10] = False
+    loss, low, high = quality.paired_difference(same, worse)
+    assert loss == pytest.approx(0.02) and 0 < low < 0.02 < high
 
 
 def test_shipped_accuracy_metric_loads_by_path() -> None:
@@ -262,7 +345,8 @@ def test_bad_inputs_fail_with_messages(model_dir: Path, tmp_path: Path,
     broken = tmp_path / "broken"
     broken.mkdir()
     for f in model_dir.iterdir():
-        (broken / f.name).write_bytes(b"garbage" if f.suffix == ".safetensors" else f.read_bytes())
+        if f.is_file():
+            (broken / f.name).write_bytes(b"garbage" if f.suffix == ".safetensors" else f.read_bytes())
     fails(broken, test, "cannot load the model from", str(broken))
 
     fails(tmp_path / "nowhere", test, str(tmp_path / "nowhere"), "does not exist")

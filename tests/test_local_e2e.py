@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import tarfile
 import urllib.request
 from pathlib import Path
 
 import boto3
+import pyarrow.parquet as pq
 import pytest
 from fixtures_ml import build_model, build_tokenizer
 
@@ -41,6 +43,7 @@ def setup(tmp_path_factory):
         "local.log_interval=1",
         f"local.port={free_port()}",
         "local.processes=2",
+        "evaluation.sample_size=10",  # fewer than the 24 test rows: the gate must still see all of them
     ]
     account = LocalAccount(load_config(ROOT / "pipeline.yaml", overrides, environ={}), folder / "local")
     yield folder, overrides, account
@@ -79,8 +82,17 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     }
     outputs = execution.steps["Evaluate"].properties["ProcessingOutputConfig"]["Outputs"]
     report = json.loads((account.s3.path(outputs["evaluation"]["S3Output"]["S3Uri"]) / "evaluation.json").read_text())
-    accuracy = report["metrics"]["accuracy"]["value"]
+    accuracy = report["binary_classification_metrics"]["accuracy"]["value"]
     assert 0.0 <= accuracy <= 1.0
+    # The gate's accuracy is that of the whole test split, from the Train step's predictions in the artifact;
+    # only a sample is scored again on CPU.
+    with tarfile.open(account.s3.path(execution.steps["Train"].properties["ModelArtifacts"]["S3ModelArtifacts"])) as t:
+        predictions = pq.read_table(t.extractfile("predictions/test.parquet")).to_pydict()
+    test_rows = len(predictions["label"])
+    assert report["dataset"] == {"rows": test_rows, "positives": sum(predictions["label"]), "predictions": "train step"}
+    assert test_rows == 24 and report["check"]["sample_size"] == 10 and report["check"]["passed"]
+    whole = sum(p == label for p, label in zip(predictions["prediction"], predictions["label"], strict=True))
+    assert accuracy == pytest.approx(whole / test_rows)
     assert f"accuracy on the test split: {accuracy:.4f}" in out
     assert "registered: trainium-bert version 1 (Approved)" in out
     model_data = account.s3.path(execution.steps["Train"].properties["ModelArtifacts"]["S3ModelArtifacts"])
@@ -123,3 +135,7 @@ def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):
     assert steps["AccuracyTooLow"].reason.startswith("Accuracy ")
     assert steps["AccuracyTooLow"].reason.endswith("is below the threshold 1.01 - the model was not registered.")
     assert len(account.registry.list("trainium-bert")) == 1
+    (version,) = account.registry.list("trainium-bert")
+    assert steps["AccuracyTooLow"].reason == (  # the whole-split accuracy, as registered by the first run
+        f"Accuracy {version.accuracy} is below the threshold 1.01 - the model was not registered."
+    )

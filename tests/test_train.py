@@ -105,7 +105,7 @@ def runs(workspace: Path) -> dict[str, str]:
     out = workspace / "interrupted"
     interrupted = torchrun(workspace, out, start_new_session=True)
     deadline = time.time() + 100
-    while not list((out / "checkpoints").glob("step-*/COMPLETE")):
+    while not list((out / "checkpoints").glob("slot-*/COMPLETE")):
         assert interrupted.poll() is None and time.time() < deadline, finish(interrupted)
         time.sleep(0.02)
     interrupted.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
@@ -199,11 +199,62 @@ def test_resume_skips_incomplete_and_truncated_checkpoints(tmp_path):
     train = load_train_module()
     train.save_checkpoint(tmp_path, 5, {"step": 5})
     train.save_checkpoint(tmp_path, 10, {"step": 10})
-    (tmp_path / "step-00000015").mkdir()  # crashed before its marker
-    torch.save({"step": 15}, tmp_path / "step-00000015" / "checkpoint.pt")
     assert train.load_latest_checkpoint(tmp_path)["step"] == 10
-    (tmp_path / "step-00000010" / "checkpoint.pt").write_bytes(b"truncated")
+    (tmp_path / "slot-1" / "checkpoint.pt").write_bytes(b"truncated")  # slot-1 holds step 10
     assert train.load_latest_checkpoint(tmp_path)["step"] == 5
-    for step in (20, 25, 30):
-        train.save_checkpoint(tmp_path, step, {"step": step})
-    assert [p.name for p in train.complete_checkpoints(tmp_path)] == ["step-00000025", "step-00000030"]
+    train.save_checkpoint(tmp_path, 15, {"step": 15})  # overwrites the oldest slot (step 5)
+    (tmp_path / "slot-0" / "COMPLETE").unlink()  # crashed before its marker
+    assert train.load_latest_checkpoint(tmp_path) is None
+
+
+def test_checkpoints_reuse_a_fixed_number_of_files(tmp_path):
+    """SageMaker syncs the checkpoint folder to S3 but never deletes there: the set of file names must not grow."""
+    train = load_train_module()
+    names = set()
+    for step in range(5, 55, 5):
+        train.save_checkpoint(tmp_path, step, {"step": step, "weights": torch.full((4,), float(step))})
+        names |= {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    assert names == {f"slot-{k}/{f}" for k in range(train.KEEP_CHECKPOINTS) for f in ("checkpoint.pt", "COMPLETE")}
+    assert [step for step, _ in train.complete_checkpoints(tmp_path)] == [45, 50]
+    assert train.load_latest_checkpoint(tmp_path)["weights"].tolist() == [50.0] * 4
+    # a slot whose file was replaced behind its marker's back (a half-synced overwrite) is skipped
+    slot = dict((s, p) for s, p in train.complete_checkpoints(tmp_path))[50]
+    torch.save({"step": 45, "weights": torch.zeros(4)}, slot / "checkpoint.pt")
+    assert train.load_latest_checkpoint(tmp_path)["step"] == 45
+
+
+def test_test_predictions_cover_the_whole_test_split(workspace, runs):
+    import pyarrow.parquet as pq
+
+    out = workspace / "reference"
+    predictions = pq.read_table(out / "model" / "predictions" / "test.parquet").to_pydict()
+    test = load_train_module().TokenizedSplit(str(workspace / "data" / "test"), 64)
+    assert predictions["label"] == test.labels.tolist()  # every row, in the split's file order
+    assert predictions["prediction"] == [int(m > 0) for m in predictions["margin"]]
+    accuracy = float(np.mean(np.array(predictions["prediction"]) == test.labels))
+    logged = float(re.search(r"^test_accuracy=([0-9.]+)$", runs["reference"], re.M).group(1))
+    assert accuracy == pytest.approx(logged, abs=5e-5)
+    stats = json.loads((out / "output" / "training_stats.json").read_text())
+    assert stats["test_rows"] == 64 and stats["test_accuracy"] == pytest.approx(accuracy)
+
+
+def test_neuron_environment_for_single_and_multi_node(tmp_path):
+    train = load_train_module()
+    single = train.neuron_environment({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_INSTANCE_TYPE": "ml.trn1.32xlarge"},
+                                      tmp_path)
+    assert single == {"NEURON_CC_FLAGS": f"--model-type=transformer --auto-cast=none --cache_dir={tmp_path}/"
+                                         "neuron-compile-cache"}
+    for instance_type in ("ml.trn1.32xlarge", "ml.trn1n.32xlarge"):
+        multi = train.neuron_environment(
+            {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_INSTANCE_TYPE": instance_type,
+             "NEURON_CC_FLAGS": "--model-type=generic", "NEURON_COMPILE_CACHE_URL": "s3://b/cache",
+             "FI_EFA_FORK_SAFE": "0"},
+            tmp_path,
+        )
+        assert multi == {
+            "NEURON_CC_FLAGS": "--model-type=generic --auto-cast=none --cache_dir=s3://b/cache",
+            "FI_PROVIDER": "efa",
+            "FI_EFA_USE_DEVICE_RDMA": "1",
+        }, "what the job sets wins"
+    two_small = {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_INSTANCE_TYPE": "ml.trn1.2xlarge"}
+    assert set(train.neuron_environment(two_small, tmp_path)) == {"NEURON_CC_FLAGS"}  # no EFA on trn1.2xlarge

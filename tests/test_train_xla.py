@@ -28,6 +28,7 @@ def test_compiled_graphs_are_one_per_length_bucket_and_never_recompiled(tmp_path
     model = make_tiny_model(tmp_path / "base-model")
     write_split(tmp_path / "train", model, rows=96, seed=1, max_length=128, max_words=100)
     write_split(tmp_path / "validation", model, rows=24, seed=2, max_length=128, max_words=100)
+    write_split(tmp_path / "test", model, rows=20, seed=4, max_length=128, max_words=100)
     env = {**os.environ, "PJRT_DEVICE": "CPU", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(var, None)
@@ -40,6 +41,8 @@ def test_compiled_graphs_are_one_per_length_bucket_and_never_recompiled(tmp_path
         str(tmp_path / "train"),
         "--validation-dir",
         str(tmp_path / "validation"),
+        "--test-dir",
+        str(tmp_path / "test"),
         "--model-dir",
         str(tmp_path / "model"),
         "--output-data-dir",
@@ -79,3 +82,9 @@ def test_compiled_graphs_are_one_per_length_bucket_and_never_recompiled(tmp_path
     assert per_epoch[0] == len(used) + FIXED_TRAIN_GRAPHS, stats
     assert per_epoch == [per_epoch[0]] * 3, "recompiled after the first epoch"
     assert (tmp_path / "model" / "model.safetensors").exists()
+    # the whole test split scored on the XLA device, one prediction per row, in the split's order
+    import pyarrow.parquet as pq
+
+    predictions = pq.read_table(tmp_path / "model" / "predictions" / "test.parquet").to_pydict()
+    assert predictions["label"] == train.TokenizedSplit(str(tmp_path / "test"), 128).labels.tolist()
+    assert stats["test_rows"] == 20 and 0 <= stats["test_accuracy"] <= 1

@@ -3,7 +3,7 @@
 Launched by torchrun, as the SageMaker training toolkit does for ``torch_distributed``:
 
     torchrun --nnodes 1 --nproc_per_node 2 train.py --model-id sentence-transformers/all-MiniLM-L6-v2 \\
-        --epochs 1 --batch-size 32 --train-dir data/train --validation-dir data/validation \\
+        --epochs 1 --batch-size 32 --train-dir data/train --validation-dir data/validation --test-dir data/test \\
         --model-dir out/model --checkpoint-dir out/checkpoints
 
 Device: XLA (Trainium NeuronCores) when torch_xla imports, else CUDA, else CPU; process group xla, nccl or
@@ -19,18 +19,27 @@ Randomness. Dropout is reseeded at each optimizer step from (seed, step, rank), 
 exactly the same masks without having to gather every rank's generator state into the checkpoint.
 
 Checkpoints. Every --checkpoint-interval steps, and when SIGTERM arrives (the flag is agreed between ranks at
-the next log interval), rank 0 writes ``step-XXXXXXXX/checkpoint.pt`` (model, optimizer, scheduler, step) into
-a temporary folder, renames it, then writes the ``COMPLETE`` marker. A start resumes from the newest complete
-checkpoint and skips the batches that step already consumed, so an interrupted and resumed run ends with the
-same weights as an uninterrupted one (exactly, on CPU). After a SIGTERM checkpoint the script exits with 143.
+the next log interval), rank 0 writes ``slot-K/checkpoint.pt`` (model, optimizer, scheduler, step) into one of
+KEEP_CHECKPOINTS fixed slots (the oldest), then the ``COMPLETE`` marker with the step, size and SHA-256. Fixed
+names keep the S3 copy bounded: SageMaker's checkpoint sync uploads new and changed files but never deletes in
+S3 what is deleted here, so new names per step would pile up there. A start resumes from the newest slot whose
+file matches its marker and skips the batches that step consumed, so an interrupted and resumed run ends with
+the same weights as an uninterrupted one (exactly, on CPU). After a SIGTERM checkpoint the script exits with 143.
+
+Scoring. At the end, every rank scores its share of the validation and test splits; the per-row margins
+(logit positive - logit negative) are summed across ranks, so rank 0 holds the whole split. The test split's
+predictions go into the model artifact (predictions/test.parquet, rows in the split's file order), from which
+the Evaluate step takes the whole-test-split metrics without scoring 400k reviews on a CPU.
 
 XLA specifics: MpDeviceLoader, no host sync inside the step (the loss is summed on device and read every
---log-interval steps), bf16 autocast, the Neuron compile cache at $NEURON_COMPILE_CACHE_URL or else inside the
-checkpoint folder (which SageMaker keeps in S3 between jobs), and ``--precompile True`` for
-neuron_parallel_compile: one accumulation cycle per length bucket, no checkpoint and no model saved.
+--log-interval steps), bf16 autocast (compiled with --auto-cast=none so that only autocast decides precision),
+the Neuron compile cache at $NEURON_COMPILE_CACHE_URL or else inside the checkpoint folder, the EFA settings of
+multi-node jobs (see neuron_environment), and ``--precompile True`` for neuron_parallel_compile: one
+accumulation cycle per length bucket, no checkpoint and no model saved.
 """
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -39,9 +48,11 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
@@ -60,11 +71,16 @@ except ImportError:
 
 ID2LABEL = {0: "negative", 1: "positive"}
 LABEL2ID = {name: i for i, name in ID2LABEL.items()}
-CHECKPOINT_PREFIX = "step-"
+SLOT_PREFIX = "slot-"
 MARKER = "COMPLETE"
-BATCHES_PER_MEGABATCH = 64
 KEEP_CHECKPOINTS = 2
+BATCHES_PER_MEGABATCH = 64
+STATS_FILE = "training_stats.json"
+PREDICTIONS_FILE = "predictions/test.parquet"
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
+# Instance types whose multi-node collectives go over EFA (the toolkit itself only knows trn1.32xlarge).
+EFA_INSTANCE_TYPES = ("ml.trn1.32xlarge", "ml.trn1n.32xlarge", "ml.trn2.48xlarge")
+NEURON_CC_FLAGS = ("--model-type=transformer", "--auto-cast=none")
 
 
 def str2bool(value: str) -> bool:
@@ -77,13 +93,15 @@ def str2bool(value: str) -> bool:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Hyperparameters as SageMaker passes them (`--key value`); unknown keys are warned about and ignored."""
+    """Hyperparameters as SageMaker passes them (`--key value`); unknown keys are warned about and ignored.
+
+    The defaults are those of pipeline.yaml's `training` section (a test checks that they agree)."""
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-id", default="sentence-transformers/all-MiniLM-L6-v2")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--model-id", default="bert-base-uncased")
+    p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps; overrides --epochs when > 0")
-    p.add_argument("--batch-size", type=int, default=32, help="per device")
+    p.add_argument("--batch-size", type=int, default=16, help="per device")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--learning-rate", type=float, default=5e-5)
     p.add_argument("--warmup-ratio", type=float, default=0.1)
@@ -91,18 +109,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--log-interval", type=int, default=10)
+    p.add_argument("--log-interval", type=int, default=50)
     p.add_argument("--checkpoint-interval", type=int, default=500, help="0 disables periodic checkpoints")
     p.add_argument("--bf16", default="auto", choices=["True", "False", "auto", "true", "false"])
     p.add_argument("--precompile", type=str2bool, default=False)
-    p.add_argument(
-        "--num-workers", type=int, default=-1, help="DataLoader workers; -1: 0 on CPU, 2 elsewhere"
-    )
+    p.add_argument("--num-workers", type=int, default=-1, help="DataLoader workers; -1: 0 on CPU, 2 elsewhere")
     p.add_argument("--train-dir", default=env("SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"))
     p.add_argument("--validation-dir", default=env("SM_CHANNEL_VALIDATION", "/opt/ml/input/data/validation"))
-    p.add_argument(
-        "--test-dir", default=env("SM_CHANNEL_TEST", "/opt/ml/input/data/test"), help="scored at the end, if present"
-    )
+    p.add_argument("--test-dir", default=env("SM_CHANNEL_TEST", "/opt/ml/input/data/test"), help="scored at the end")
     p.add_argument("--model-dir", default=env("SM_MODEL_DIR", "/opt/ml/model"))
     p.add_argument("--output-data-dir", default=env("SM_OUTPUT_DATA_DIR", "/opt/ml/output/data"))
     p.add_argument("--checkpoint-dir", default=os.path.join(env("SAGEMAKER_BASE_DIR", "/opt/ml"), "checkpoints"))
@@ -171,9 +185,7 @@ class TokenizedSplit:
 class BatchDataset(torch.utils.data.Dataset):
     """Item i is the whole collated batch i, so DataLoader workers do the padding."""
 
-    def __init__(
-        self, split: TokenizedSplit, batches: list[np.ndarray], pad_lengths: list[int], rows: int | None
-    ):
+    def __init__(self, split: TokenizedSplit, batches: list[np.ndarray], pad_lengths: list[int], rows: int | None):
         self.split, self.batches, self.pad_lengths, self.rows = split, batches, pad_lengths, rows
 
     def __len__(self) -> int:
@@ -223,6 +235,110 @@ def eval_batches(lengths: np.ndarray, batch_size: int, rank: int, world_size: in
     return batches[rank::world_size]
 
 
+def precompile_probes(split: TokenizedSplit, buckets: list[int] | None, batch_size: int) -> list[np.ndarray]:
+    """For neuron_parallel_compile: one batch per length bucket, plus the first again (whose first run
+    initialised AdamW), so every graph of a real run is traced once."""
+    bucket_ids = np.searchsorted(buckets, split.lengths) if buckets else np.zeros(len(split), np.int64)
+    probes = [np.resize(np.flatnonzero(bucket_ids == b), batch_size) for b in np.unique(bucket_ids)]
+    return probes + probes[:1]
+
+
+# -----------------------------------------------------------------------------
+# device, process group and the Neuron environment
+
+
+def neuron_environment(environ: dict[str, str], checkpoint_dir: Path) -> dict[str, str]:
+    """Variables this run needs on Trainium, leaving any the job already sets alone.
+
+    NEURON_CC_FLAGS: --model-type=transformer (the public trn1 BERT sample and optimum-neuron), --auto-cast=none
+    (precision comes from torch.autocast alone, as the Neuron migration guide requires instead of XLA_DOWNCAST_BF16)
+    and the compile cache. Multi-node on an EFA instance type: FI_PROVIDER=efa with device RDMA and fork safety
+    (the DataLoader forks workers), which the training toolkit sets for trn1.32xlarge only, not trn1n / trn2."""
+    flags = environ.get("NEURON_CC_FLAGS", "")
+    cache = environ.get("NEURON_COMPILE_CACHE_URL") or str(checkpoint_dir / "neuron-compile-cache")
+    for flag in (*NEURON_CC_FLAGS, f"--cache_dir={cache}"):
+        if flag.split("=")[0] not in flags:
+            flags = f"{flags} {flag}".strip()
+    wanted = {"NEURON_CC_FLAGS": flags}
+    hosts = json.loads(environ.get("SM_HOSTS") or "[]")
+    if len(hosts) > 1 and environ.get("SM_CURRENT_INSTANCE_TYPE") in EFA_INSTANCE_TYPES:
+        wanted.update(FI_PROVIDER="efa", FI_EFA_USE_DEVICE_RDMA="1", FI_EFA_FORK_SAFE="1")
+    return {k: v for k, v in wanted.items() if k == "NEURON_CC_FLAGS" or k not in environ}
+
+
+@dataclass
+class Runtime:
+    """Where this process runs: device, rank, world size, precision, and the few calls that differ by device."""
+
+    device: torch.device
+    device_type: str  # xla | cuda | cpu
+    rank: int
+    world_size: int
+    distributed: bool
+    bf16: bool
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def xla(self) -> bool:
+        return self.device_type == "xla"
+
+    def autocast(self):
+        return torch.autocast(self.device_type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
+
+    def log(self, message: str) -> None:
+        if self.master:
+            print(message, flush=True)
+
+    def barrier(self, tag: str) -> None:
+        if self.distributed:
+            xm.rendezvous(tag) if self.xla else dist.barrier()
+
+    def mark_step(self) -> None:
+        """Cut the XLA graph here (a no-op elsewhere)."""
+        if self.xla:
+            torch_xla.sync() if hasattr(torch_xla, "sync") else xm.mark_step()
+
+    def reseed(self, seed: int) -> None:
+        """Dropout masks become a function of (seed, step, rank)."""
+        xm.set_rng_state(seed, device=self.device) if self.xla else torch.manual_seed(seed)
+
+    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(values, np.float32)).to(self.device)
+        if self.distributed:
+            dist.all_reduce(t)
+        return t.cpu().numpy()
+
+
+def setup(args: argparse.Namespace) -> Runtime:
+    """Pick the device, join the process group, and set the device's environment."""
+    distributed = "RANK" in os.environ
+    if torch_xla is not None:
+        os.environ.update(neuron_environment(dict(os.environ), Path(args.checkpoint_dir)))
+        device_type = "xla"
+        if distributed:
+            dist.init_process_group("xla", init_method="xla://")
+        device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
+    elif torch.cuda.is_available():
+        device_type = "cuda"
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        if distributed:
+            dist.init_process_group("nccl", device_id=device)
+    else:
+        device_type, device = "cpu", torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ:  # N processes x all-core thread pools thrash a small CPU
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        if distributed:
+            dist.init_process_group("gloo")
+    bf16 = args.bf16.lower() == "true" or (args.bf16.lower() == "auto" and device_type in ("xla", "cuda"))
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    return Runtime(device, device_type, rank, world, distributed, bf16)
+
+
 # -----------------------------------------------------------------------------
 # model helpers
 
@@ -232,6 +348,15 @@ def attention_bias(attention_mask: torch.Tensor) -> torch.Tensor:
     if TRANSFORMERS_MAJOR >= 5:  # a 4D additive mask is used as is
         return (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
     return attention_mask[:, None, :]  # 4.x: a 3D 0/1 mask goes through get_extended_attention_mask
+
+
+def forward(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The logits of one batch."""
+    return model(
+        input_ids=batch["input_ids"],
+        token_type_ids=batch["token_type_ids"],
+        attention_mask=attention_bias(batch["attention_mask"]),
+    ).logits
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
@@ -253,344 +378,106 @@ def to_cpu(obj):
 
 
 # -----------------------------------------------------------------------------
-# checkpoints
+# checkpoints: a ring of KEEP_CHECKPOINTS fixed slots
 
 
-def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
-    """Complete checkpoint folders, oldest first."""
-    found = [d for d in checkpoint_dir.glob(f"{CHECKPOINT_PREFIX}*") if (d / MARKER).exists()]
-    return sorted(found, key=lambda d: int(d.name[len(CHECKPOINT_PREFIX) :]))
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
+    """(step, slot) of every slot with a marker, oldest step first."""
+    found = []
+    for slot in checkpoint_dir.glob(f"{SLOT_PREFIX}*"):
+        try:
+            found.append((int(json.loads((slot / MARKER).read_text())["step"]), slot))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(found)
 
 
 def save_checkpoint(checkpoint_dir: Path, step: int, state: dict) -> Path:
-    """Write the checkpoint atomically: temporary folder, rename, then the marker; keep the newest few."""
-    final = checkpoint_dir / f"{CHECKPOINT_PREFIX}{step:08d}"
-    tmp = checkpoint_dir / f".tmp-{final.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / "checkpoint.pt")
-    os.replace(tmp, final)
-    size = (final / "checkpoint.pt").stat().st_size
-    (final / f".{MARKER}").write_text(json.dumps({"step": step, "bytes": size}))
-    os.replace(final / f".{MARKER}", final / MARKER)
-    for old in complete_checkpoints(checkpoint_dir)[:-KEEP_CHECKPOINTS]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    """Overwrite the oldest (or an empty) slot: marker removed, checkpoint written, then the new marker."""
+    used = {slot.name: s for s, slot in complete_checkpoints(checkpoint_dir)}
+    names = [f"{SLOT_PREFIX}{k}" for k in range(KEEP_CHECKPOINTS)]
+    slot = checkpoint_dir / min(names, key=lambda n: used.get(n, -1))
+    slot.mkdir(parents=True, exist_ok=True)
+    (slot / MARKER).unlink(missing_ok=True)
+    torch.save(state, slot / "checkpoint.pt")
+    path = slot / "checkpoint.pt"
+    marker = {"step": step, "bytes": path.stat().st_size, "sha256": _sha256(path)}
+    (slot / f".{MARKER}").write_text(json.dumps(marker))
+    os.replace(slot / f".{MARKER}", slot / MARKER)
+    return slot
 
 
 def load_latest_checkpoint(checkpoint_dir: Path) -> dict | None:
-    """The newest complete checkpoint that loads (its size matches the marker), else None."""
-    for folder in reversed(complete_checkpoints(checkpoint_dir)):
-        path = folder / "checkpoint.pt"
+    """The newest checkpoint whose file matches its marker (size and SHA-256) and loads, else None."""
+    for step, slot in reversed(complete_checkpoints(checkpoint_dir)):
+        path = slot / "checkpoint.pt"
         try:
-            if path.stat().st_size != json.loads((folder / MARKER).read_text())["bytes"]:
-                raise ValueError("size differs from marker")
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # a truncated or half-synced checkpoint: try the previous one
-            print(f"warning: skipping checkpoint {folder}: {e}", file=sys.stderr, flush=True)
+            marker = json.loads((slot / MARKER).read_text())
+            if path.stat().st_size != marker["bytes"] or _sha256(path) != marker["sha256"]:
+                raise ValueError("does not match its marker (half written or half synced)")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            if state.get("step") != step:
+                raise ValueError(f"holds step {state.get('step')}, its marker says {step}")
+            return state
+        except Exception as e:  # a truncated or stale checkpoint: try the previous one
+            print(f"warning: skipping checkpoint {slot}: {e}", file=sys.stderr, flush=True)
     return None
 
 
 # -----------------------------------------------------------------------------
+# scoring and artifacts
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    checkpoint_dir = Path(args.checkpoint_dir)
-
-    # device and process group
-    use_xla = torch_xla is not None
-    if use_xla:
-        cache = os.environ.get("NEURON_COMPILE_CACHE_URL") or str(checkpoint_dir / "neuron-compile-cache")
-        if "--cache_dir" not in os.environ.get("NEURON_CC_FLAGS", ""):
-            os.environ["NEURON_CC_FLAGS"] = (
-                f"{os.environ.get('NEURON_CC_FLAGS', '')} --cache_dir={cache}".strip()
-            )
-    distributed = "RANK" in os.environ
-    if use_xla:
-        device_type = "xla"
-        if distributed:
-            dist.init_process_group("xla", init_method="xla://")
-        device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
-    elif torch.cuda.is_available():
-        device_type = "cuda"
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        if distributed:
-            dist.init_process_group("nccl", device_id=device)
-    else:
-        device_type, device = "cpu", torch.device("cpu")
-        if "OMP_NUM_THREADS" not in os.environ:  # N processes x all-core thread pools thrash a small CPU
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-        if distributed:
-            dist.init_process_group("gloo")
-    rank = dist.get_rank() if distributed else 0
-    world_size = dist.get_world_size() if distributed else 1
-    master = rank == 0
-    bf16 = args.bf16.lower() == "true" or (args.bf16.lower() == "auto" and device_type in ("xla", "cuda"))
-    autocast = torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
-
-    def log(message: str) -> None:
-        if master:
-            print(message, flush=True)
-
-    def barrier(tag: str) -> None:
-        if distributed:
-            xm.rendezvous(tag) if use_xla else dist.barrier()
-
-    def mark_step() -> None:  # cut the XLA graph here (a no-op elsewhere)
-        if use_xla:
-            torch_xla.sync() if hasattr(torch_xla, "sync") else xm.mark_step()
-
-    def reseed(seed: int) -> None:  # dropout masks become a function of (seed, step, rank)
-        xm.set_rng_state(seed, device=device) if use_xla else torch.manual_seed(seed)
-
-    def all_reduce_sum(values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float32).to(device)
-        if distributed:
-            dist.all_reduce(t)
-        return t.cpu().tolist()
-
-    stop = {"requested": False}
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(requested=True))
-    log(f"device={device_type} world_size={world_size} bf16={bf16} transformers={transformers.__version__}")
-
-    # data
-    train = TokenizedSplit(args.train_dir, args.max_length)
-    validation, test = (
-        TokenizedSplit(d, args.max_length) if Path(d).is_dir() and any(Path(d).glob("*.parquet")) else None
-        for d in (args.validation_dir, args.test_dir)
+def make_loader(rt: Runtime, split: TokenizedSplit, batches: list[np.ndarray], rows: int | None, workers: int):
+    """A loader of collated batches (on the device for XLA) and (real, padded) tokens per batch."""
+    buckets = length_buckets(split.max_length) if rt.xla else None
+    pads = [pad_length(int(split.lengths[b].max()), buckets, 8 if rt.device_type == "cuda" else 1) for b in batches]
+    loader = torch.utils.data.DataLoader(
+        BatchDataset(split, batches, pads, rows), batch_size=None, shuffle=False, num_workers=workers
     )
-    buckets = length_buckets(args.max_length) if use_xla else None
-    multiple = 8 if device_type == "cuda" else 1
-    num_workers = args.num_workers if args.num_workers >= 0 else (0 if device_type == "cpu" else 2)
+    tokens = [(int(split.lengths[b].sum()), len(b) * p) for b, p in zip(batches, pads, strict=True)]
+    return (pl.MpDeviceLoader(loader, rt.device) if rt.xla else loader), tokens
 
-    def make_loader(split: TokenizedSplit, batches: list[np.ndarray], rows: int | None):
-        pads = [pad_length(int(split.lengths[b].max()), buckets, multiple) for b in batches]
-        loader = torch.utils.data.DataLoader(
-            BatchDataset(split, batches, pads, rows), batch_size=None, shuffle=False, num_workers=num_workers
-        )
-        tokens = [(int(split.lengths[b].sum()), len(b) * p) for b, p in zip(batches, pads, strict=True)]
-        return (pl.MpDeviceLoader(loader, device) if use_xla else loader), tokens
 
-    micro_per_epoch = len(train_batches(train.lengths, args.batch_size, args.seed, 0, rank, world_size))
-    steps_per_epoch = micro_per_epoch // args.grad_accum
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"{len(train)} training rows are too few for batch size {args.batch_size} x "
-            f"{world_size} devices x {args.grad_accum} accumulation steps"
-        )
-    total_steps = args.max_steps if args.max_steps > 0 else args.epochs * steps_per_epoch
-    warmup_steps = int(args.warmup_ratio * total_steps)
+def score(
+    rt: Runtime, model: torch.nn.Module, split: TokenizedSplit, batches: list[np.ndarray], rows: int | None,
+    workers: int,
+) -> np.ndarray:
+    """Margin (logit positive - logit negative) of every row of `split` that `batches` names on any rank; each
+    rank scores its own batches and the margins are summed across ranks (rows no rank scored stay 0)."""
+    model.eval()
+    loader, _ = make_loader(rt, split, batches, rows, workers)
+    margins = []
+    with torch.no_grad(), rt.autocast():
+        for batch in loader:
+            logits = forward(model, {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}).float()
+            margins.append(logits[:, 1] - logits[:, 0])  # stays on the device: no host sync per batch
+    rt.mark_step()
+    full = np.zeros(len(split), np.float32)
+    for rows_of_batch, margin in zip(batches, margins, strict=True):
+        full[rows_of_batch] = margin.cpu().numpy()[: len(rows_of_batch)]
+    return rt.all_reduce_sum(full)
 
-    # model, optimizer, schedule
-    model = AutoModelForSequenceClassification.from_pretrained(
-        args.model_id, num_labels=2, id2label=ID2LABEL, label2id=LABEL2ID
+
+def write_predictions(path: Path, split: TokenizedSplit, margins: np.ndarray) -> None:
+    """The test split's labels, predicted labels and margins, one row per test row in the split's order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table(
+        {
+            "label": pa.array(split.labels.astype(np.int8)),
+            "prediction": pa.array((margins > 0).astype(np.int8)),
+            "margin": pa.array(margins.astype(np.float32)),
+        }
     )
-    model.config.problem_type = "single_label_classification"
-    model.to(device)
-    raw_model = model
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.learning_rate,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, warmup_steps, total_steps)
-    )
-
-    step = 0
-    resumed_from = None
-    if not args.precompile:
-        if master:
-            for stale in checkpoint_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*"):
-                shutil.rmtree(stale, ignore_errors=True)
-        state = load_latest_checkpoint(checkpoint_dir)
-        if state is not None:
-            if state["world_size"] != world_size:
-                log(
-                    f"warning: checkpoint written with world size {state['world_size']}, now {world_size}: "
-                    "the data order after resumption differs from an uninterrupted run"
-                )
-            raw_model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            step = resumed_from = state["step"]
-            log(f"resumed from checkpoint at step={step}")
-            del state
-    ddp = device_type != "xla" and distributed
-    if ddp:
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device_type == "cuda" else None
-        )
-
-    def checkpoint() -> None:
-        mark_step()
-        if master:
-            state = {
-                "model": to_cpu(raw_model.state_dict()),
-                "optimizer": to_cpu(optimizer.state_dict()),
-                "scheduler": scheduler.state_dict(),
-                "step": step,
-                "world_size": world_size,
-            }
-            path = save_checkpoint(checkpoint_dir, step, state)
-            log(f"saved checkpoint {path}")
-        barrier("checkpoint")
-
-    # training loop
-    log(f"steps_per_epoch={steps_per_epoch} total_steps={total_steps} warmup_steps={warmup_steps}")
-    if args.precompile:
-        # one accumulation cycle per bucket (plus the first one again, whose first run initialised AdamW)
-        bucket_ids = np.searchsorted(buckets, train.lengths) if buckets else np.zeros(len(train), np.int64)
-        probes = [np.resize(np.flatnonzero(bucket_ids == b), args.batch_size) for b in np.unique(bucket_ids)]
-        probes.append(probes[0])
-        total_steps = len(probes)
-    model.train()
-    loss_sum = torch.zeros(()).to(device)
-    interval_steps, interval_start = 0, time.time()
-    samples = real_tokens = padded_tokens = 0
-    last_loss, stopping = None, False
-    compiles_per_epoch = []
-    train_start = time.time()
-    while step < total_steps:
-        epoch = step // steps_per_epoch
-        if args.precompile:
-            batches = [p for p in probes for _ in range(args.grad_accum)]
-        else:
-            batches = train_batches(train.lengths, args.batch_size, args.seed, epoch, rank, world_size)
-            batches = batches[(step % steps_per_epoch) * args.grad_accum : steps_per_epoch * args.grad_accum]
-        loader, tokens = make_loader(train, batches, args.batch_size)
-        for micro, ((real, padded), batch) in enumerate(zip(tokens, loader, strict=True)):
-            if micro % args.grad_accum == 0:
-                reseed((args.seed * 1_000_003 + step * world_size + rank) % 2**31)
-            last_micro = (micro + 1) % args.grad_accum == 0
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            with model.no_sync() if ddp and not last_micro else nullcontext():
-                with autocast:
-                    logits = model(
-                        input_ids=batch["input_ids"],
-                        token_type_ids=batch["token_type_ids"],
-                        attention_mask=attention_bias(batch["attention_mask"]),
-                    ).logits
-                    loss = F.cross_entropy(logits.float(), batch["labels"])
-                (loss / args.grad_accum).backward()
-            loss_sum += loss.detach()
-            samples += len(batch["labels"]) * world_size
-            real_tokens += real
-            padded_tokens += padded
-            if not last_micro:
-                continue
-            if use_xla:
-                xm.reduce_gradients(optimizer)  # what xm.optimizer_step does, split to clip in between
-            if args.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            interval_steps += 1
-
-            if step % args.log_interval == 0 or step == total_steps:
-                mark_step()
-                stats = torch.stack([loss_sum, torch.tensor(float(stop["requested"])).to(device)])
-                if distributed:
-                    dist.all_reduce(stats)
-                loss_total, stops = stats.cpu().tolist()
-                stopping = stops > 0  # agreed by all ranks, unlike the local flag the signal handler sets
-                last_loss = loss_total / (interval_steps * args.grad_accum * world_size)
-                elapsed = time.time() - interval_start
-                sps = interval_steps * args.grad_accum * args.batch_size * world_size / elapsed
-                log(
-                    f"step={step} epoch={epoch} loss={last_loss:.4f} samples_per_sec={sps:.1f} "
-                    f"lr={scheduler.get_last_lr()[0]:.1e}"
-                )
-                loss_sum = torch.zeros(()).to(device)
-                interval_steps, interval_start = 0, time.time()
-            if args.precompile:
-                if step >= total_steps:
-                    break
-                continue
-            if stopping or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0):
-                checkpoint()
-            if stopping:
-                log(f"stopping on SIGTERM at step={step}")
-                sys.exit(143)
-            if step >= total_steps:
-                break
-        if use_xla:
-            compiles_per_epoch.append(met.metric_data("CompileTime")[0])
-    train_time = time.time() - train_start
-
-    # validation (and test, when a test channel is given)
-    def split_accuracy(split: TokenizedSplit, name: str) -> float:
-        """Accuracy over `split`, each rank scoring its share of the batches; logged as `<name>_accuracy=`."""
-        raw_model.eval()
-        rows = args.batch_size if use_xla else None
-        if args.precompile:
-            batches = probes[:-1]
-        else:
-            batches = eval_batches(split.lengths, args.batch_size, rank, world_size)
-        loader, _ = make_loader(train if args.precompile else split, batches, rows)
-        correct, count = (
-            torch.zeros((), dtype=torch.long).to(device),
-            torch.zeros((), dtype=torch.long).to(device),
-        )
-        with torch.no_grad(), autocast:
-            for batch in loader:
-                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                logits = raw_model(
-                    input_ids=batch["input_ids"],
-                    token_type_ids=batch["token_type_ids"],
-                    attention_mask=attention_bias(batch["attention_mask"]),
-                ).logits
-                valid = batch["labels"] >= 0
-                correct += ((logits.argmax(-1) == batch["labels"]) & valid).sum()
-                count += valid.sum()
-        mark_step()
-        correct_total, count_total = all_reduce_sum([float(correct.cpu()), float(count.cpu())])
-        accuracy = correct_total / max(1.0, count_total)
-        log(f"{name}_accuracy={accuracy:.4f}")
-        return accuracy
-
-    val_accuracy = split_accuracy(validation, "val") if validation is not None else None
-    test_accuracy = split_accuracy(test, "test") if test is not None and not args.precompile else None
-
-    # artifacts
-    real_tokens, padded_tokens = all_reduce_sum([float(real_tokens), float(padded_tokens)])
-    stats = {
-        "device": device_type,
-        "world_size": world_size,
-        "bf16": bf16,
-        "precompile": args.precompile,
-        "steps": step - (resumed_from or 0),
-        "global_step": step,
-        "resumed_from_step": resumed_from,
-        "samples": samples,
-        "wall_time_s": round(train_time, 3),
-        "samples_per_sec": samples / train_time if train_time else None,
-        "tokens_per_sec": real_tokens / train_time if train_time else None,
-        "padding_efficiency": real_tokens / padded_tokens if padded_tokens else None,
-        "train_loss": last_loss,
-        "val_accuracy": val_accuracy,
-        "test_accuracy": test_accuracy,
-        "compile_count": met.metric_data("CompileTime")[0] if use_xla else None,
-        "compile_count_per_epoch": compiles_per_epoch if use_xla else None,
-        "length_buckets": buckets,
-    }
-    if master:
-        Path(args.output_data_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_data_dir) / "training_stats.json").write_text(json.dumps(stats, indent=2))
-        log(f"training_stats={json.dumps(stats)}")
-    if master and not args.precompile:
-        save_model(raw_model.to("cpu"), args.model_id, Path(args.model_dir), args.max_length)
-        log(f"saved model to {args.model_dir}")
-    barrier("done")
-    if distributed:
-        dist.destroy_process_group()
+    pq.write_table(table, path)
 
 
 def save_model(model: torch.nn.Module, model_id: str, model_dir: Path, max_length: int) -> None:
@@ -606,6 +493,207 @@ def save_model(model: torch.nn.Module, model_id: str, model_dir: Path, max_lengt
     (model_dir / "code").mkdir(exist_ok=True)
     shutil.copy(here / "inference.py", model_dir / "code" / "inference.py")
     shutil.copy(here / "inference_requirements.txt", model_dir / "code" / "requirements.txt")
+
+
+def load_split(folder: str, max_length: int) -> TokenizedSplit | None:
+    """The split in `folder`, or None when the channel is absent."""
+    return TokenizedSplit(folder, max_length) if Path(folder).is_dir() and any(Path(folder).glob("*.parquet")) else None
+
+
+# -----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    checkpoint_dir = Path(args.checkpoint_dir)
+    rt = setup(args)
+    stop = {"requested": False}
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(requested=True))
+    rt.log(f"device={rt.device_type} world_size={rt.world_size} bf16={rt.bf16} transformers={transformers.__version__}")
+
+    # data
+    train = TokenizedSplit(args.train_dir, args.max_length)
+    validation, test = load_split(args.validation_dir, args.max_length), load_split(args.test_dir, args.max_length)
+    buckets = length_buckets(args.max_length) if rt.xla else None
+    workers = args.num_workers if args.num_workers >= 0 else (0 if rt.device_type == "cpu" else 2)
+    micro_per_epoch = len(train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size))
+    steps_per_epoch = micro_per_epoch // args.grad_accum
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"{len(train)} training rows are too few for batch size {args.batch_size} x "
+            f"{rt.world_size} devices x {args.grad_accum} accumulation steps"
+        )
+    total_steps = args.max_steps if args.max_steps > 0 else args.epochs * steps_per_epoch
+    warmup_steps = int(args.warmup_ratio * total_steps)
+    probes = precompile_probes(train, buckets, args.batch_size) if args.precompile else None
+    if probes:
+        total_steps = len(probes)
+
+    # model, optimizer, schedule
+    model = AutoModelForSequenceClassification.from_pretrained(
+        args.model_id, num_labels=2, id2label=ID2LABEL, label2id=LABEL2ID
+    )
+    model.config.problem_type = "single_label_classification"
+    model.to(rt.device)
+    raw_model = model
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.learning_rate,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
+
+    step = resumed_from = 0
+    state = None if args.precompile else load_latest_checkpoint(checkpoint_dir)
+    if state is not None:
+        if state["world_size"] != rt.world_size:
+            rt.log(
+                f"warning: checkpoint written with world size {state['world_size']}, now {rt.world_size}: "
+                "the data order after resumption differs from an uninterrupted run"
+            )
+        raw_model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step = resumed_from = state["step"]
+        rt.log(f"resumed from checkpoint at step={step}")
+        del state
+    ddp = not rt.xla and rt.distributed
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None
+        )
+
+    def checkpoint() -> None:
+        rt.mark_step()
+        if rt.master:
+            state = {
+                "model": to_cpu(raw_model.state_dict()),
+                "optimizer": to_cpu(optimizer.state_dict()),
+                "scheduler": scheduler.state_dict(),
+                "step": step,
+                "world_size": rt.world_size,
+            }
+            rt.log(f"saved checkpoint {save_checkpoint(checkpoint_dir, step, state)} at step={step}")
+        rt.barrier("checkpoint")
+
+    # training loop
+    rt.log(f"steps_per_epoch={steps_per_epoch} total_steps={total_steps} warmup_steps={warmup_steps}")
+    model.train()
+    loss_sum = torch.zeros(()).to(rt.device)
+    interval_steps, interval_start = 0, time.time()
+    samples = real_tokens = padded_tokens = 0
+    last_loss, stopping = None, False
+    compiles_per_epoch = []
+    train_start = time.time()
+    while step < total_steps:
+        epoch = step // steps_per_epoch
+        if probes:
+            batches = [p for p in probes for _ in range(args.grad_accum)]
+        else:
+            batches = train_batches(train.lengths, args.batch_size, args.seed, epoch, rt.rank, rt.world_size)
+            batches = batches[(step % steps_per_epoch) * args.grad_accum : steps_per_epoch * args.grad_accum]
+        loader, tokens = make_loader(rt, train, batches, args.batch_size, workers)
+        for micro, ((real, padded), batch) in enumerate(zip(tokens, loader, strict=True)):
+            if micro % args.grad_accum == 0:
+                rt.reseed((args.seed * 1_000_003 + step * rt.world_size + rt.rank) % 2**31)
+            last_micro = (micro + 1) % args.grad_accum == 0
+            batch = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
+            with model.no_sync() if ddp and not last_micro else nullcontext():
+                with rt.autocast():
+                    loss = F.cross_entropy(forward(model, batch).float(), batch["labels"])
+                (loss / args.grad_accum).backward()
+            loss_sum += loss.detach()
+            samples += len(batch["labels"]) * rt.world_size
+            real_tokens += real
+            padded_tokens += padded
+            if not last_micro:
+                continue
+            if rt.xla:
+                xm.reduce_gradients(optimizer)  # what xm.optimizer_step does, split to clip in between
+            if args.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            interval_steps += 1
+
+            if step % args.log_interval == 0 or step == total_steps:
+                rt.mark_step()
+                stats = torch.stack([loss_sum, torch.tensor(float(stop["requested"])).to(rt.device)])
+                if rt.distributed:
+                    dist.all_reduce(stats)
+                loss_total, stops = stats.cpu().tolist()
+                stopping = stops > 0  # agreed by all ranks, unlike the local flag the signal handler sets
+                last_loss = loss_total / (interval_steps * args.grad_accum * rt.world_size)
+                seen = interval_steps * args.grad_accum * args.batch_size * rt.world_size
+                sps = seen / (time.time() - interval_start)
+                rt.log(
+                    f"step={step} epoch={epoch} loss={last_loss:.4f} samples_per_sec={sps:.1f} "
+                    f"lr={scheduler.get_last_lr()[0]:.1e}"
+                )
+                loss_sum = torch.zeros(()).to(rt.device)
+                interval_steps, interval_start = 0, time.time()
+            if not probes and (stopping or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0)):
+                checkpoint()
+            if stopping and not probes:
+                rt.log(f"stopping on SIGTERM at step={step}")
+                sys.exit(143)
+            if step >= total_steps:
+                break
+        if rt.xla:
+            compiles_per_epoch.append(met.metric_data("CompileTime")[0])
+    train_time = time.time() - train_start
+
+    # scoring: validation and test (every rank its share); precompile traces the scoring graphs on the probes
+    rows = args.batch_size if rt.xla else None
+    accuracy: dict[str, float | None] = {"val": None, "test": None}
+    margins: dict[str, np.ndarray] = {}
+    for name, split in (("val", validation), ("test", test)):
+        if split is None or (probes and name == "test"):
+            continue
+        scored = train if probes else split
+        batches = probes[:-1] if probes else eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
+        margins[name] = score(rt, raw_model, scored, batches, rows, workers)
+        accuracy[name] = float(np.mean((margins[name] > 0) == (scored.labels == 1)))
+        rt.log(f"{name}_accuracy={accuracy[name]:.4f}")
+
+    # artifacts
+    real_tokens, padded_tokens = rt.all_reduce_sum(np.array([real_tokens, padded_tokens], np.float64)).tolist()
+    stats = {
+        "device": rt.device_type,
+        "world_size": rt.world_size,
+        "bf16": rt.bf16,
+        "precompile": args.precompile,
+        "steps": step - resumed_from,
+        "global_step": step,
+        "resumed_from_step": resumed_from or None,
+        "samples": samples,
+        "wall_time_s": round(train_time, 3),
+        "samples_per_sec": samples / train_time if train_time else None,
+        "tokens_per_sec": real_tokens / train_time if train_time else None,
+        "padding_efficiency": real_tokens / padded_tokens if padded_tokens else None,
+        "train_loss": last_loss,
+        "val_accuracy": accuracy["val"],
+        "test_accuracy": accuracy["test"],
+        "test_rows": len(test) if test is not None else None,
+        "compile_count": met.metric_data("CompileTime")[0] if rt.xla else None,
+        "compile_count_per_epoch": compiles_per_epoch if rt.xla else None,
+        "length_buckets": buckets,
+    }
+    if rt.master:
+        Path(args.output_data_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_data_dir) / STATS_FILE).write_text(json.dumps(stats, indent=2))
+        rt.log(f"training_stats={json.dumps(stats)}")
+    if rt.master and not probes:
+        save_model(raw_model.to("cpu"), args.model_id, Path(args.model_dir), args.max_length)
+        if "test" in margins:
+            write_predictions(Path(args.model_dir) / PREDICTIONS_FILE, test, margins["test"])
+        rt.log(f"saved model to {args.model_dir}")
+    rt.barrier("done")
+    if rt.distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ def _check_status(status: str) -> str:
 
 
 def _find_accuracy(metrics: Any, depth: int = 0) -> float | None:
-    """The accuracy in evaluation.json's shape ({"metrics": {"accuracy": {"value": x}}}) or a flatter one."""
+    """The accuracy in evaluation.json's shape ({"binary_classification_metrics": {"accuracy": {"value": x}}}) or a
+    flatter one."""
     if not isinstance(metrics, Mapping) or depth > 3:
         return None
     value = metrics.get("accuracy")

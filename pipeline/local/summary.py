@@ -29,7 +29,7 @@ def print_summary(account: LocalAccount, execution: Execution, console: Console)
     console.print(f"execution {execution.id}: [{STYLE.get(execution.status, 'white')}]{execution.status}[/]")
     report = _evaluation(account, execution)
     if report:
-        accuracy = report["metrics"]["accuracy"]["value"]
+        accuracy = report["binary_classification_metrics"]["accuracy"]["value"]
         console.print(
             f"accuracy on the test split: {accuracy:.4f} (threshold {execution.parameters['AccuracyThreshold']})"
         )

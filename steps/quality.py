@@ -1,0 +1,141 @@
+"""Binary classification metrics in the model quality format that SageMaker Studio renders for a model version.
+
+`binary_classification_metrics(labels, margins)` gives the `binary_classification_metrics` object of SageMaker
+Model Monitor's model quality statistics (the format the Model Registry shows under "Model quality"): each metric
+is {"value": v, "standard_deviation": s} with a number for s, plus the confusion matrix and the ROC and
+precision-recall curves. A row is predicted positive when its margin (logit positive - logit negative) is > 0.
+
+Standard deviations: for the threshold metrics, over 200 seeded multinomial resamples of the confusion matrix (a
+bootstrap of the test rows that needs no second pass over them); for the AUC, Hanley and McNeil's formula.
+Numpy only, so it runs in any processing image.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 200
+CURVE_POINTS = 101
+Z95 = 1.959964
+
+
+def _rates(cm: np.ndarray) -> dict[str, np.ndarray]:
+    """Threshold metrics of confusion matrices cm[..., actual, predicted] (vectorised over leading axes)."""
+    tn, fp, fn, tp = cm[..., 0, 0], cm[..., 0, 1], cm[..., 1, 0], cm[..., 1, 1]
+    n = tn + fp + fn + tp
+
+    def ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.divide(a, b, out=np.zeros_like(a, dtype=float), where=b > 0)
+
+    precision, recall = ratio(tp, tp + fp), ratio(tp, tp + fn)
+
+    def f(beta: float) -> np.ndarray:
+        return ratio((1 + beta**2) * precision * recall, beta**2 * precision + recall)
+
+    return {
+        "accuracy": ratio(tp + tn, n),
+        "precision": precision,
+        "recall": recall,
+        "f0_5": f(0.5),
+        "f1": f(1.0),
+        "f2": f(2.0),
+        "true_positive_rate": recall,
+        "true_negative_rate": ratio(tn, tn + fp),
+        "false_positive_rate": ratio(fp, fp + tn),
+        "false_negative_rate": ratio(fn, fn + tp),
+    }
+
+
+def confusion(labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """cm[actual, predicted] counts."""
+    cm = np.zeros((2, 2), np.int64)
+    np.add.at(cm, (labels.astype(np.int64), predictions.astype(np.int64)), 1)
+    return cm
+
+
+def auc(labels: np.ndarray, margins: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney, ties counted half)."""
+    positives, negatives = int(labels.sum()), int(len(labels) - labels.sum())
+    if not positives or not negatives:
+        return float("nan")
+    order = np.argsort(margins, kind="stable")
+    ranks = np.empty(len(margins))
+    _, first, counts = np.unique(margins[order], return_index=True, return_counts=True)
+    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)  # average 1-based rank of each tie group
+    return float((ranks[labels == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+
+def auc_standard_deviation(value: float, positives: int, negatives: int) -> float:
+    """Hanley and McNeil (1982)."""
+    if not positives or not negatives or math.isnan(value):
+        return float("nan")
+    q1, q2 = value / (2 - value), 2 * value**2 / (1 + value)
+    variance = (
+        value * (1 - value) + (positives - 1) * (q1 - value**2) + (negatives - 1) * (q2 - value**2)
+    ) / (positives * negatives)
+    return math.sqrt(max(variance, 0.0))
+
+
+def curves(labels: np.ndarray, margins: np.ndarray) -> tuple[dict, dict]:
+    """ROC and precision-recall curves, each at most CURVE_POINTS points (thresholds from high to low)."""
+    order = np.argsort(-margins, kind="stable")
+    hits = labels[order].astype(np.float64)
+    tp, fp = np.cumsum(hits), np.cumsum(1 - hits)
+    cut = np.unique(np.linspace(0, len(order) - 1, CURVE_POINTS).round().astype(int))
+    positives, negatives = max(tp[-1], 1.0), max(fp[-1], 1.0)
+    tpr, fpr = tp[cut] / positives, fp[cut] / negatives
+    precision = tp[cut] / (tp[cut] + fp[cut])
+    roc = {"false_positive_rates": [0.0, *fpr.round(6).tolist()], "true_positive_rates": [0.0, *tpr.round(6).tolist()]}
+    pr = {"precisions": precision.round(6).tolist(), "recalls": tpr.round(6).tolist()}
+    return roc, pr
+
+
+def binary_classification_metrics(labels: np.ndarray, margins: np.ndarray, seed: int = 0) -> dict[str, Any]:
+    """The `binary_classification_metrics` object for these labels (0/1) and margins."""
+    labels = labels.astype(np.int64)
+    cm = confusion(labels, margins > 0)
+    n, positives = int(cm.sum()), int(cm[1].sum())
+    values = _rates(cm)
+    draws = np.random.default_rng(seed).multinomial(n, cm.ravel() / max(n, 1), size=BOOTSTRAP_RESAMPLES)
+    spread = _rates(draws.reshape(-1, 2, 2))
+    metrics: dict[str, Any] = {
+        "confusion_matrix": {str(a): {str(p): int(cm[a, p]) for p in (0, 1)} for a in (0, 1)}
+    }
+    for name, value in values.items():
+        metrics[name] = {"value": float(value), "standard_deviation": float(spread[name].std())}
+    share = positives / n if n else 0.0
+    metrics["accuracy_best_constant_classifier"] = {"value": max(share, 1 - share), "standard_deviation": 0.0}
+    metrics["precision_best_constant_classifier"] = {"value": share, "standard_deviation": 0.0}
+    metrics["recall_best_constant_classifier"] = {"value": 1.0, "standard_deviation": 0.0}
+    metrics["f1_best_constant_classifier"] = {"value": 2 * share / (1 + share), "standard_deviation": 0.0}
+    area = auc(labels, margins)
+    metrics["auc"] = {"value": area, "standard_deviation": auc_standard_deviation(area, positives, n - positives)}
+    roc, pr = curves(labels, margins)
+    metrics["receiver_operating_characteristic_curve"] = roc
+    metrics["precision_recall_curve"] = pr
+    return metrics
+
+
+def wilson_interval(successes: int, n: int) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion."""
+    if n == 0:
+        return 0.0, 1.0
+    p, z2 = successes / n, Z95**2
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def paired_difference(first: np.ndarray, second: np.ndarray) -> tuple[float, float, float]:
+    """mean(first) - mean(second) for two 0/1 outcomes of the same rows, with its 95% interval (Agresti and Min
+    2005: 0.5 added to each cell of the paired 2x2 table, so that no discordant pair still gives a width)."""
+    first, second = first.astype(bool), second.astype(bool)
+    n = len(first)
+    b, c = int((first & ~second).sum()), int((~first & second).sum())
+    b2, c2, n2 = b + 0.5, c + 0.5, n + 2
+    center = (b2 - c2) / n2
+    half = Z95 * math.sqrt(max((b2 + c2) / n2 - center**2, 0.0) / n2)
+    return (b - c) / n if n else 0.0, max(-1.0, center - half), min(1.0, center + half)
