@@ -14,10 +14,12 @@ import boto3
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
 
+from pipeline.errors import UserError
+
 MAX_INLINE_DEFINITION = 100 * 1024  # CreatePipeline's limit for PipelineDefinition
 
 
-class AwsError(RuntimeError):
+class AwsError(UserError, RuntimeError):
     """An expected AWS failure, explained in one line."""
 
 

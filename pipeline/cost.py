@@ -10,22 +10,22 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
-from rich.markup import escape
-from rich.table import Table
 
 from pipeline.aws import Aws, AwsError, explained, split_s3_uri
 from pipeline.config import Prices
-from pipeline.prices import PRICING_URL, JobCost, per_million, processing_job_cost, training_job_cost
+from pipeline.contract import MODEL_ARCHIVE, OUTPUT_ARCHIVE, STATS_FILE, STATS_METRICS, job_output
+from pipeline.dag.expressions import Context, ExpressionError, evaluate
+from pipeline.dag.graph import flatten_steps
+from pipeline.prices import JobCost, per_million, processing_job_cost, training_job_cost
 
 if TYPE_CHECKING:
     from pipeline.local.session import LocalAccount
 
-STATS_FILE = "training_stats.json"
 NOT_INCLUDED = (
     "not included: the endpoint (billed per instance-hour while InService), storage volumes, S3, data transfer"
 )
@@ -43,14 +43,7 @@ class TrainingStats:
     source: str = "none"
 
     def to_dict(self) -> dict:
-        return {
-            "samples": self.samples,
-            "samples_per_sec": self.samples_per_sec,
-            "final_loss": self.final_loss,
-            "val_accuracy": self.val_accuracy,
-            "test_accuracy": self.test_accuracy,
-            "source": self.source,
-        }
+        return asdict(self)
 
 
 def stats_from_tarball(data: bytes) -> dict | None:
@@ -77,12 +70,9 @@ def merge_stats(stats: dict | None, metrics: dict[str, float]) -> TrainingStats:
         found.test_accuracy = stats.get("test_accuracy")
         sources.append(STATS_FILE)
     filled = False
-    for attribute, metric in (
-        ("samples_per_sec", "train:samples_per_sec"),
-        ("final_loss", "train:loss"),
-        ("val_accuracy", "validation:accuracy"),
-        ("test_accuracy", "test:accuracy"),
-    ):
+    attributes = {"train_loss": "final_loss"}  # training_stats.json key -> TrainingStats attribute
+    for key, metric in STATS_METRICS.items():
+        attribute = attributes.get(key, key)
         if getattr(found, attribute) is None and metric in metrics:
             setattr(found, attribute, metrics[metric])
             filled = True
@@ -94,8 +84,7 @@ def merge_stats(stats: dict | None, metrics: dict[str, float]) -> TrainingStats:
 
 def output_tarball_uri(described: dict) -> str:
     """Where SageMaker puts a training job's output.tar.gz (the SM_OUTPUT_DATA_DIR contents)."""
-    root = described["OutputDataConfig"]["S3OutputPath"].rstrip("/")
-    return f"{root}/{described['TrainingJobName']}/output/output.tar.gz"
+    return job_output(described["OutputDataConfig"]["S3OutputPath"], described["TrainingJobName"], OUTPUT_ARCHIVE)
 
 
 def sagemaker_training_stats(aws: Aws, described: dict) -> TrainingStats:
@@ -203,16 +192,9 @@ def sagemaker_costs(aws: Aws, arn: str, prices: Prices) -> ExecutionCost:
 
 def local_costs(account: LocalAccount, execution_id: str | None, prices: Prices) -> ExecutionCost:
     """Would-be AWS costs of a local execution: each job step's wall time on this machine, priced at the
-    on-demand rate of the instance type the step names in the definition. Nothing here was billed."""
-    from pipeline.local.expressions import Context, ExpressionError, evaluate
-    from pipeline.local.runner import ExecutionNotFound
-    from pipeline.upsert import flatten_steps
-
-    found = account.executions()
-    chosen = next((e for e in found if execution_id in (None, e.id, e.arn)), None)
-    if chosen is None:
-        raise ExecutionNotFound(f"no local execution {execution_id}" if execution_id else "no local executions yet")
-    steps = flatten_steps(account.definition()["Steps"])
+    on-demand rate of the instance type the step names in the definition that execution ran. Nothing was billed."""
+    chosen = account.find(execution_id)
+    steps = flatten_steps(account.ran_definition(chosen)["Steps"])
     ctx = Context(parameters=chosen.parameters, execution={})
     jobs: list[JobCost] = []
     training: TrainingStats | None = None
@@ -245,7 +227,7 @@ def local_costs(account: LocalAccount, execution_id: str | None, prices: Prices)
         jobs.append(job)
         model = properties.get("ModelArtifacts", {}).get("S3ModelArtifacts", "")
         if record.type == "Training" and model and not record.cached:
-            tarball = account.s3.path(model.rsplit("/", 1)[0] + "/output.tar.gz")
+            tarball = account.s3.path(model.removesuffix(MODEL_ARCHIVE) + OUTPUT_ARCHIVE)
             training = merge_stats(stats_from_tarball(tarball.read_bytes()) if tarball.exists() else None, {})
     notes = [
         "local run: nothing was billed; each cost is the step's wall time on this machine priced at the on-demand "
@@ -253,98 +235,3 @@ def local_costs(account: LocalAccount, execution_id: str | None, prices: Prices)
         NOT_INCLUDED,
     ]
     return ExecutionCost(chosen.id, "local", prices.currency, jobs, training, notes)
-
-
-def money(value: float | None, currency: str = "USD") -> str:
-    if value is None:
-        return "unknown"
-    symbol = "$" if currency == "USD" else f"{currency} "
-    return f"{symbol}{value:,.4f}" if value < 1 else f"{symbol}{value:,.2f}"
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    seconds = float(seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, rest = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{rest:02d}s" if hours else f"{minutes}m{rest:02d}s"
-
-
-BASIS = {
-    "BillableTimeInSeconds": "billable",
-    "ProcessingEndTime - ProcessingStartTime": "run time",
-    "local wall time": "local wall",
-}
-
-
-def cost_table(report: ExecutionCost) -> Table:
-    """The per-job table of `cost`."""
-    label = "cost (if billed)" if report.where == "local" else "cost"
-    where = "local execution" if report.where == "local" else "execution"
-    table = Table(title=f"{where} {report.execution}: cost at on-demand prices ({report.currency})")
-    for column in ("step", "job", "instance", "count", "seconds", "basis", "price/h", label, "spot savings", "note"):
-        table.add_column(column, justify="right" if column in ("count", "seconds", "price/h", label) else "left")
-    for job in report.jobs:
-        savings = f"{job.savings:.0%} (on-demand {money(job.on_demand_cost, report.currency)})" if job.spot else ""
-        if job.spot and job.savings is None:
-            savings = "spot (savings unknown)"
-        table.add_row(
-            escape(job.step),
-            escape(job.job),
-            job.instance_type,
-            str(job.count),
-            "unknown" if job.seconds is None else f"{job.seconds:,.0f}",
-            BASIS.get(job.basis, job.basis),
-            money(job.price, report.currency) if job.price is not None else "[yellow]unknown[/]",
-            money(job.cost, report.currency) if job.cost is not None else "[yellow]unknown[/]",
-            savings,
-            escape(job.note),
-        )
-    unknown = report.unknown
-    total = money(report.total, report.currency)
-    table.add_section()
-    table.add_row(
-        "total",
-        "",
-        "",
-        "",
-        "",
-        "",
-        "",
-        f"{total}" if not unknown else f"[yellow]>= {total}[/]",
-        "",
-        f"+ {len(unknown)} job(s) of unknown cost: {', '.join(j.step for j in unknown)}" if unknown else "",
-    )
-    return table
-
-
-def throughput_lines(report: ExecutionCost) -> list[str]:
-    """The training throughput and cost per million samples, in words."""
-    stats = report.training
-    if stats is None:
-        return ["training throughput: no training job ran in this execution (or its step was a cache hit)"]
-    rate = "unknown" if stats.samples_per_sec is None else f"{stats.samples_per_sec:,.1f} samples/s"
-    samples = "unknown" if stats.samples is None else f"{stats.samples:,.0f}"
-    per_m = report.cost_per_million_samples
-    return [
-        f"training throughput: {rate}; samples trained: {samples} (from {stats.source})",
-        f"training cost per million samples: {money(per_m, report.currency)}"
-        + ("" if per_m is not None else " (needs the training cost and the sample count)"),
-    ]
-
-
-def print_report(report: ExecutionCost, console: Any) -> None:
-    """The table, the throughput lines and the notes."""
-    console.print(cost_table(report))
-    for line in throughput_lines(report):
-        console.print(line)
-    for note in report.notes:
-        console.print(f"note: {note}", style="dim")
-    console.print(f"note: prices are the `prices` section of the config; check them at {PRICING_URL}", style="dim")
-
-
-def to_json(report: ExecutionCost) -> str:
-    return json.dumps(report.to_dict(), indent=2, default=str)

@@ -1,6 +1,6 @@
 """The pipeline DAG: one function, config in, SageMaker `Pipeline` out.
 
-Tokenize -> Train -> Evaluate -> AccuracyGate -+-> RegisterModel -> ApprovedGate -> Deploy
+Tokenize -> Train -> Evaluate -> AccuracyGate -+-> RegisterModel --> ApprovedGate -> Deploy
                                                +-> AccuracyTooLow (Fail)
 
 `definition()` builds it with no network call and gives byte-identical JSON for the same config
@@ -11,51 +11,33 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from pipeline import contract as c
 from pipeline.code import bundles
 from pipeline.config import Config
+from pipeline.sdk import offline_sdk, pipeline_session
 
 if TYPE_CHECKING:
     from sagemaker.mlops.workflow.pipeline import Pipeline
 
-PROCESSING = "/opt/ml/processing"
-CONTENT_TYPES = ["application/json", "text/csv", "text/plain"]
-METRIC_DEFINITIONS = [
-    {"name": "train:loss", "regex": r"step=\d+ .*loss=([0-9.eE+-]+)"},
-    {"name": "train:samples_per_sec", "regex": r"samples_per_sec=([0-9.eE+-]+)"},
-    {"name": "train:learning_rate", "regex": r" lr=([0-9.eE+-]+)"},
-    {"name": "validation:accuracy", "regex": r"val_accuracy=([0-9.eE+-]+)"},
-    {"name": "test:accuracy", "regex": r"test_accuracy=([0-9.eE+-]+)"},  # when the job has a test channel
-]
+MODEL_INPUT = f"{c.PROCESSING}/input/model"  # a base model staged from S3 (training.model_id s3://...)
+WHEELS_INPUT = f"{c.PROCESSING}/input/wheels"  # wheels staged from S3 (images.wheels), installed by run.py
+TRAINING_MODEL_CHANNEL = "/opt/ml/input/data/model"
+# Train step environment: glibc arenas capped (a checkpointing leak, as optimum-neuron does); libfabric fork safety
+# for the DataLoader workers and device RDMA on EFA (multi-node; ignored elsewhere). train.py adds the rest.
+TRAINING_ENVIRONMENT = {"MALLOC_ARENA_MAX": "64", "FI_EFA_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "1"}
+NO_INTERNET = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # fail at once instead of waiting on the Hub
 
 
-def _offline_sdk(region: str) -> None:
-    """Environment for an SDK that must not reach AWS while it only builds a definition."""
-    os.environ.setdefault("AWS_DEFAULT_REGION", region)
-    os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"
-    warnings.filterwarnings("ignore", module=r"sagemaker\..*")
-    logging.getLogger("sagemaker.config").setLevel(logging.ERROR)
-    import sagemaker.core.telemetry.telemetry_logging as telemetry
-
-    # Telemetry would call sts:GetCallerIdentity and an HTTPS endpoint on every decorated call.
-    telemetry._send_telemetry_request = lambda *args, **kwargs: None
-
-
-def _session(cfg: Config):
-    import boto3
-    from sagemaker.core.workflow.pipeline_context import PipelineSession
-
-    session = PipelineSession(boto_session=boto3.Session(region_name=cfg.aws.region), default_bucket=cfg.aws.bucket)
-    session._default_bucket = cfg.aws.bucket  # otherwise the SDK lists buckets to check it
-    return session
+def arguments(pairs: dict[str, Any]) -> list:
+    """`{"--flag": value}` as a container argument list; None values are left out."""
+    return [item for flag, value in pairs.items() if value is not None for item in (flag, value)]
 
 
 def build_pipeline(cfg: Config) -> Pipeline:
     """Build the SageMaker Pipelines DAG for `cfg` (no AWS call is made)."""
-    _offline_sdk(cfg.aws.region)
+    offline_sdk(cfg.aws.region)
     from sagemaker.core.lambda_helper import Lambda
     from sagemaker.core.model_metrics import MetricsSource, ModelMetrics
     from sagemaker.core.network import NetworkConfig
@@ -94,7 +76,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
     from sagemaker.serve.model_builder import ModelBuilder
     from sagemaker.train import ModelTrainer
 
-    session = _session(cfg)
+    session = pipeline_session(cfg)
     code = bundles()
     steps_code = code["steps"].uri(cfg.s3_root)
     training_code = code["training"].uri(cfg.s3_root)
@@ -119,42 +101,37 @@ def build_pipeline(cfg: Config) -> Pipeline:
     run_prefix = [cfg.s3_root, "executions", ExecutionVariables.PIPELINE_EXECUTION_ID]
     vpc = cfg.aws.vpc
 
-    input_data = ParameterString("InputData", default_value=cfg.data.source)
+    input_data = ParameterString(c.INPUT_DATA, default_value=cfg.data.source)
     train_instance_type = ParameterString("TrainInstanceType", default_value=cfg.training.instance_type)
     train_instance_count = ParameterInteger("TrainInstanceCount", default_value=cfg.training.instance_count)
     epochs = ParameterInteger("Epochs", default_value=cfg.training.epochs)
     learning_rate = ParameterFloat("LearningRate", default_value=cfg.training.learning_rate)
     batch_size = ParameterInteger("BatchSize", default_value=cfg.training.batch_size)
     max_length = ParameterInteger("MaxLength", default_value=cfg.training.max_length)
-    threshold = ParameterFloat("AccuracyThreshold", default_value=cfg.evaluation.accuracy_threshold)
+    threshold = ParameterFloat(c.ACCURACY_THRESHOLD, default_value=cfg.evaluation.accuracy_threshold)
     approval = ParameterString("ModelApprovalStatus", default_value=cfg.registry.approval_status)
-    endpoint_name = ParameterString("EndpointName", default_value=cfg.deploy.endpoint_name)
-    parameters = [
-        input_data,
-        train_instance_type,
-        train_instance_count,
-        epochs,
-        learning_rate,
-        batch_size,
-        max_length,
-        threshold,
-        approval,
-        endpoint_name,
-    ]
+    endpoint_name = ParameterString(c.ENDPOINT_NAME, default_value=cfg.deploy.endpoint_name)
+    parameters = [input_data, train_instance_type, train_instance_count, epochs, learning_rate, batch_size,
+                  max_length, threshold, approval, endpoint_name]
 
-    def processor(step: str, resources) -> Processor:
+    offline = bool(vpc and not vpc.internet)
+    staged_model = cfg.training.model_id.startswith("s3://")
+
+    def processor(step: str, resources, image: str) -> Processor:
+        environment = {"PIP_DEFAULT_TIMEOUT": "20", **(NO_INTERNET if offline else {})}
         return Processor(
             role=cfg.aws.role_arn,
-            image_uri=cfg.image("processing"),
+            image_uri=image,
             instance_type=resources.instance_type,
             instance_count=resources.instance_count,
             volume_size_in_gb=resources.volume_size_gb,
             volume_kms_key=cfg.aws.kms_key_id,
             output_kms_key=cfg.aws.kms_key_id,
             max_runtime_in_seconds=resources.max_runtime_seconds,
-            entrypoint=["python3", f"{PROCESSING}/input/code/run.py", step],
+            entrypoint=["python3", f"{c.CODE_DIR}/{c.ENTRY_POINT}", step],
             base_job_name=f"{cfg.pipeline.name}-{step}",
             sagemaker_session=session,
+            env=environment,
             tags=tags or None,
             network_config=NetworkConfig(subnets=vpc.subnets, security_group_ids=vpc.security_group_ids)
             if vpc
@@ -177,38 +154,32 @@ def build_pipeline(cfg: Config) -> Pipeline:
             ),
         )
 
+    def code_inputs() -> list[ProcessingInput]:
+        inputs = [s3_input("code", steps_code, c.CODE_DIR)]
+        return inputs + ([s3_input("wheels", cfg.images.wheels, WHEELS_INPUT)] if cfg.images.wheels else [])
+
     # 1. Tokenize: Hub / S3 / sample reviews -> tokenized train, validation and test splits.
-    tokenize_inputs = [s3_input("code", steps_code, f"{PROCESSING}/input/code")]
+    tokenize_inputs = code_inputs()
     if cfg.data.is_s3:
-        tokenize_inputs.append(s3_input("data", input_data, f"{PROCESSING}/input/data"))
-    tokenize_args = [
-        "--source",
-        input_data,
-        "--input-dir",
-        f"{PROCESSING}/input/data",
-        "--output-dir",
-        f"{PROCESSING}/output",
-        "--model-id",
-        cfg.training.model_id,
-        "--max-length",
-        max_length.to_string(),
-        "--validation-share",
-        str(cfg.data.validation_share),
-        "--max-bad-share",
-        str(cfg.data.max_bad_share),
-        "--seed",
-        str(cfg.training.seed),
-    ]
-    if cfg.data.max_rows_per_split:
-        tokenize_args += ["--max-rows-per-split", str(cfg.data.max_rows_per_split)]
+        tokenize_inputs.append(s3_input("data", input_data, c.DATA_DIR))
+    if staged_model:
+        tokenize_inputs.append(s3_input("model", cfg.training.model_id, MODEL_INPUT))
     tokenize = ProcessingStep(
-        name="Tokenize",
-        step_args=processor("preprocess", cfg.tokenize).run(
+        name=c.TOKENIZE,
+        step_args=processor("preprocess", cfg.tokenize, cfg.image("processing")).run(
             inputs=tokenize_inputs,
-            outputs=[
-                s3_output(split, f"{PROCESSING}/output/{split}") for split in ("train", "validation", "test", "stats")
-            ],
-            arguments=tokenize_args,
+            outputs=[s3_output(name, f"{c.OUTPUT_DIR}/{name}") for name in c.TOKENIZE_OUTPUTS],
+            arguments=arguments({
+                "--source": input_data,
+                "--input-dir": c.DATA_DIR,
+                "--output-dir": c.OUTPUT_DIR,
+                "--model-id": MODEL_INPUT if staged_model else cfg.training.model_id,
+                "--max-length": max_length.to_string(),
+                "--validation-share": str(cfg.data.validation_share),
+                "--max-bad-share": str(cfg.data.max_bad_share),
+                "--seed": str(cfg.training.seed),
+                "--max-rows-per-split": str(cfg.data.max_rows_per_split) if cfg.data.max_rows_per_split else None,
+            }),
         ),
         cache_config=cache,
         retry_policies=retry,
@@ -217,27 +188,31 @@ def build_pipeline(cfg: Config) -> Pipeline:
     def tokenized(split: str):
         return tokenize.properties.ProcessingOutputConfig.Outputs[split].S3Output.S3Uri
 
-    # 2. Train: torchrun via the DLC's own launcher, one process per NeuronCore.
+    # 2. Train: torchrun via the DLC's own launcher, one process per NeuronCore; it also scores the test split.
+    t = cfg.training
     hyperparameters = {
-        "model-id": cfg.training.model_id,
+        "model-id": TRAINING_MODEL_CHANNEL if staged_model else t.model_id,
         "epochs": epochs.to_string(),
-        "max-steps": str(cfg.training.max_steps),
+        "max-steps": str(t.max_steps),
         "batch-size": batch_size.to_string(),
-        "grad-accum": str(cfg.training.grad_accum),
+        "grad-accum": str(t.grad_accum),
         "learning-rate": learning_rate.to_string(),
-        "warmup-ratio": str(cfg.training.warmup_ratio),
-        "weight-decay": str(cfg.training.weight_decay),
+        "warmup-ratio": str(t.warmup_ratio),
+        "weight-decay": str(t.weight_decay),
         "max-length": max_length.to_string(),
-        "seed": str(cfg.training.seed),
-        "log-interval": str(cfg.training.log_interval),
-        "checkpoint-interval": str(cfg.training.checkpoint_interval),
-        "bf16": str(cfg.training.bf16).lower(),
+        "seed": str(t.seed),
+        "log-interval": str(t.log_interval),
+        "checkpoint-interval": str(t.checkpoint_interval),
+        "bf16": str(t.bf16).lower(),
         "sagemaker_program": json.dumps("train.py"),
         "sagemaker_submit_directory": json.dumps(training_code),
         "sagemaker_torch_distributed_enabled": "true",
         "sagemaker_instance_type": train_instance_type,
         "sagemaker_region": json.dumps(cfg.aws.region),
     }
+    channels = [InputData(channel_name=split, data_source=tokenized(split)) for split in c.SPLITS]
+    if staged_model:
+        channels.append(InputData(channel_name="model", data_source=t.model_id))
     trainer = ModelTrainer(
         role=cfg.aws.role_arn,
         training_image=cfg.image("training"),
@@ -246,62 +221,58 @@ def build_pipeline(cfg: Config) -> Pipeline:
         compute=Compute(
             instance_type=train_instance_type,
             instance_count=train_instance_count,
-            volume_size_in_gb=cfg.training.volume_size_gb,
+            volume_size_in_gb=t.volume_size_gb,
             volume_kms_key_id=cfg.aws.kms_key_id,
-            enable_managed_spot_training=cfg.training.spot.enabled or None,
+            enable_managed_spot_training=t.spot.enabled or None,
         ),
         networking=Networking(subnets=vpc.subnets, security_group_ids=vpc.security_group_ids) if vpc else None,
         stopping_condition=StoppingCondition(
-            max_runtime_in_seconds=cfg.training.max_runtime_seconds,
-            max_wait_time_in_seconds=cfg.training.spot.max_wait_seconds if cfg.training.spot.enabled else None,
+            max_runtime_in_seconds=t.max_runtime_seconds,
+            max_wait_time_in_seconds=t.spot.max_wait_seconds if t.spot.enabled else None,
         ),
-        input_data_config=[
-            InputData(channel_name=split, data_source=tokenized(split)) for split in ("train", "validation", "test")
-        ],
+        input_data_config=channels,
         output_data_config=OutputDataConfig(
             s3_output_path=Join(on="/", values=[*run_prefix, "model"]), kms_key_id=cfg.aws.kms_key_id
         ),
         checkpoint_config=CheckpointConfig(
             s3_uri=Join(on="/", values=[cfg.checkpoint_s3_uri, ExecutionVariables.PIPELINE_EXECUTION_ID]),
-            local_path="/opt/ml/checkpoints",
+            local_path=c.CHECKPOINT_DIR,
         ),
         environment={
             "NEURON_COMPILE_CACHE_URL": cfg.compile_cache_s3_uri,
             "HF_HUB_DISABLE_TELEMETRY": "1",
+            **TRAINING_ENVIRONMENT,
+            **(NO_INTERNET if offline else {}),
         },
         hyperparameters=hyperparameters,
-        tags=[Tag(key=t["Key"], value=t["Value"]) for t in tags] or None,
-    ).with_metric_definitions(METRIC_DEFINITIONS)
-    train = TrainingStep(name="Train", step_args=trainer.train(), cache_config=cache, retry_policies=retry)
+        tags=[Tag(key=tag["Key"], value=tag["Value"]) for tag in tags] or None,
+    ).with_metric_definitions([dict(m) for m in c.METRIC_DEFINITIONS])
+    train = TrainingStep(name=c.TRAIN, step_args=trainer.train(), cache_config=cache, retry_policies=retry)
     model_data = train.properties.ModelArtifacts.S3ModelArtifacts
 
-    # 3. Evaluate: accuracy of the trained model on the test split -> evaluation.json.
-    evaluation_report = PropertyFile(name="EvaluationReport", output_name="evaluation", path="evaluation.json")
+    # 3. Evaluate: the whole test split's metrics from the Train step's predictions, checked on a sample here.
+    evaluation_report = PropertyFile(name=c.PROPERTY_FILE, output_name=c.EVALUATION_OUTPUT, path=c.REPORT_FILE)
+    e = cfg.evaluation
     evaluate = ProcessingStep(
-        name="Evaluate",
-        step_args=processor("evaluate", cfg.evaluation).run(
+        name=c.EVALUATE,
+        step_args=processor("evaluate", e, cfg.image("evaluation")).run(
             inputs=[
-                s3_input("code", steps_code, f"{PROCESSING}/input/code"),
-                s3_input("model", model_data, f"{PROCESSING}/model"),
-                s3_input("test", tokenized("test"), f"{PROCESSING}/test"),
+                *code_inputs(),
+                s3_input("model", model_data, c.MODEL_DIR),
+                s3_input("test", tokenized("test"), c.TEST_DIR),
             ],
-            outputs=[s3_output("evaluation", f"{PROCESSING}/evaluation")],
+            outputs=[s3_output(c.EVALUATION_OUTPUT, c.EVALUATION_DIR)],
             arguments=[
-                "--model-dir",
-                f"{PROCESSING}/model",
-                "--test-dir",
-                f"{PROCESSING}/test",
-                "--output-dir",
-                f"{PROCESSING}/evaluation",
-                "--sample-size",
-                str(cfg.evaluation.sample_size),
-                "--min-agreement",
-                str(cfg.evaluation.min_agreement),
-                "--seed",
-                str(cfg.training.seed),
-                "--int8" if cfg.evaluation.int8 else "--no-int8",
-                "--int8-tolerance",
-                str(cfg.evaluation.int8_tolerance),
+                *arguments({
+                    "--model-dir": c.MODEL_DIR,
+                    "--test-dir": c.TEST_DIR,
+                    "--output-dir": c.EVALUATION_DIR,
+                    "--sample-size": str(e.sample_size),
+                    "--min-agreement": str(e.min_agreement),
+                    "--seed": str(t.seed),
+                    "--int8-tolerance": str(e.int8_tolerance),
+                }),
+                "--int8" if e.int8 else "--no-int8",
             ],
         ),
         property_files=[evaluation_report],
@@ -311,15 +282,11 @@ def build_pipeline(cfg: Config) -> Pipeline:
     evaluation_uri = Join(
         on="/",
         values=[
-            evaluate.properties.ProcessingOutputConfig.Outputs["evaluation"].S3Output.S3Uri,
-            "evaluation.json",
+            evaluate.properties.ProcessingOutputConfig.Outputs[c.EVALUATION_OUTPUT].S3Output.S3Uri,
+            c.REPORT_FILE,
         ],
     )
-    accuracy = JsonGet(
-        step_name=evaluate.name,
-        property_file=evaluation_report,
-        json_path="binary_classification_metrics.accuracy.value",
-    )
+    accuracy = JsonGet(step_name=evaluate.name, property_file=evaluation_report, json_path=c.ACCURACY_PATH)
 
     # 5. Register the model; 6. deploy it when the registered version is Approved.
     model = ModelBuilder(
@@ -334,16 +301,16 @@ def build_pipeline(cfg: Config) -> Pipeline:
             "INFERENCE_MAX_TEXTS": str(cfg.deploy.max_texts),
             # fp32 or int8, as the evaluation chose on the test split
             "INFERENCE_QUANTIZE": JsonGet(
-                step_name=evaluate.name, property_file=evaluation_report, json_path="inference.quantize"
+                step_name=evaluate.name, property_file=evaluation_report, json_path=c.QUANTIZE_PATH
             ),
         },
     )
     register = ModelStep(
-        name="RegisterModel",
+        name=c.REGISTER,
         step_args=model.register(
             model_package_group_name=cfg.pipeline.model_package_group,
-            content_types=CONTENT_TYPES,
-            response_types=["application/json", "application/jsonlines"],
+            content_types=list(c.CONTENT_TYPES),
+            response_types=list(c.RESPONSE_TYPES),
             inference_instances=[cfg.deploy.instance_type],
             approval_status=approval,
             description=f"BERT sentiment classifier fine-tuned by pipeline {cfg.pipeline.name}",
@@ -360,7 +327,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
         ),
     )
     deploy = LambdaStep(
-        name="Deploy",
+        name=c.DEPLOY,
         lambda_func=Lambda(function_arn=cfg.deploy_lambda_arn, session=session),
         inputs={
             "model_package_arn": register.properties.ModelPackageArn,
@@ -375,8 +342,8 @@ def build_pipeline(cfg: Config) -> Pipeline:
     )
     # Not nested in AccuracyGate's branch: Pipelines does not support a condition step inside another.
     approved_gate = ConditionStep(
-        name="ApprovedGate",
-        conditions=[ConditionEquals(left=approval, right="Approved")],
+        name=c.APPROVED_GATE,
+        conditions=[ConditionEquals(left=approval, right=c.APPROVED)],
         if_steps=[deploy],
         else_steps=[],
         depends_on=[register],
@@ -384,7 +351,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
 
     # 4. Gate on accuracy; below the threshold the run fails and says why.
     too_low = FailStep(
-        name="AccuracyTooLow",
+        name=c.ACCURACY_TOO_LOW,
         error_message=Join(
             on=" ",
             values=[
@@ -397,7 +364,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
         ),
     )
     gate = ConditionStep(
-        name="AccuracyGate",
+        name=c.ACCURACY_GATE,
         conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=threshold)],
         if_steps=[register],
         else_steps=[too_low],

@@ -1,56 +1,26 @@
-"""Start pipeline executions and show their steps, on SageMaker."""
+"""Pipeline executions on SageMaker: start one, describe it as an ExecutionView, wait for it to end."""
 
 from __future__ import annotations
 
 import time
 from datetime import datetime
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
 from pipeline.aws import Aws, explained
+from pipeline.records import ExecutionView, OnUpdate, StepView
 
 TERMINAL = {"Succeeded", "Failed", "Stopped"}
-STATUS_STYLE = {
-    "Succeeded": "green",
-    "Failed": "red",
-    "Stopped": "yellow",
-    "Executing": "cyan",
-    "Starting": "cyan",
-    "Stopping": "yellow",
+STEP_TYPES = {  # ListPipelineExecutionSteps says a step's type through its Metadata key
+    "ProcessingJob": "Processing",
+    "TrainingJob": "Training",
+    "Condition": "Condition",
+    "RegisterModel": "RegisterModel",
+    "Lambda": "Lambda",
+    "Fail": "Fail",
 }
 
 
-class ParameterError(ValueError):
-    """A `--param` that the pipeline does not declare or whose value has the wrong type."""
-
-
-def parse_parameters(pairs: list[str], declared: list[dict]) -> list[dict[str, str]]:
-    """Check `NAME=VALUE` pairs against the definition's parameters; return StartPipelineExecution's form."""
-    types = {p["Name"]: p["Type"] for p in declared}
-    parsed = []
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise ParameterError(f"--param {pair!r}: expected NAME=VALUE")
-        if name not in types:
-            raise ParameterError(f"--param {name}: unknown parameter; expected one of {', '.join(sorted(types))}")
-        caster = {
-            "Integer": int,
-            "Float": float,
-            "Boolean": lambda v: {"true": True, "false": False}[v.lower()],
-        }
-        try:
-            caster.get(types[name], str)(value)
-        except (ValueError, KeyError):
-            raise ParameterError(f"--param {name}={value!r}: expected a {types[name]}") from None
-        parsed.append({"Name": name, "Value": value})
-    return parsed
-
-
 def start(aws: Aws, pipeline: str, parameters: list[dict[str, str]]) -> str:
-    """Start an execution with `parameters`; return its ARN."""
+    """Start an execution with `parameters` (StartPipelineExecution's form); return its ARN."""
     with explained(f"start pipeline {pipeline}"):
         return aws.sagemaker.start_pipeline_execution(
             PipelineName=pipeline,
@@ -60,89 +30,87 @@ def start(aws: Aws, pipeline: str, parameters: list[dict[str, str]]) -> str:
 
 
 def _when(value) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S") if isinstance(value, datetime) else ""
+    return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value or "")
 
 
-def _duration(start, end) -> str:
+def _seconds(start, end) -> float | None:
     if not isinstance(start, datetime):
-        return ""
-    seconds = ((end if isinstance(end, datetime) else datetime.now(start.tzinfo)) - start).total_seconds()
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+        return None
+    return ((end if isinstance(end, datetime) else datetime.now(start.tzinfo)) - start).total_seconds()
 
 
-def execution_table(aws: Aws, arn: str) -> tuple[Table, dict, list[dict] | None]:
-    """A table of an execution's steps, the execution's description and its steps."""
+def step_view(step: dict) -> StepView:
+    metadata = step.get("Metadata", {})
+    cache = step.get("CacheHitResult", {}).get("SourcePipelineExecutionArn")
+    return StepView(
+        name=step["StepName"],
+        status=step.get("StepStatus", ""),
+        type=next((kind for key, kind in STEP_TYPES.items() if key in metadata), ""),
+        started=_when(step.get("StartTime")),
+        seconds=_seconds(step.get("StartTime"), step.get("EndTime")),
+        note=step.get("FailureReason", "") or ("cache hit" if cache else ""),
+        details=metadata,
+    )
+
+
+def describe(aws: Aws, arn: str, with_parameters: bool = True) -> ExecutionView:
+    """An execution with its steps (None where the endpoint cannot list them) and its parameters."""
     with explained(f"describe execution {arn}"):
         execution = aws.sagemaker.describe_pipeline_execution(PipelineExecutionArn=arn)
         steps = aws.execution_steps(arn)
-    status = execution["PipelineExecutionStatus"]
-    table = Table(title=f"{arn.rsplit('/', 1)[-1]}  [{STATUS_STYLE.get(status, 'white')}]{status}[/]")
-    for column in ("step", "status", "started", "duration", "reason"):
-        table.add_column(column)
-    if steps is None:
-        table.add_row(
-            "(steps not available from this endpoint)",
-            status,
-            _when(execution.get("CreationTime")),
-            "",
-            execution.get("FailureReason", ""),
+        parameters = (
+            aws.sagemaker.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+            if with_parameters
+            else []
         )
-    for step in steps or []:
-        s = step.get("StepStatus", "")
-        table.add_row(
-            step["StepName"],
-            f"[{STATUS_STYLE.get(s, 'white')}]{s}[/]",
-            _when(step.get("StartTime")),
-            _duration(step.get("StartTime"), step.get("EndTime")),
-            step.get("FailureReason", ""),
-        )
-    return table, execution, steps
+    return ExecutionView(
+        id=arn.rsplit("/", 1)[-1],
+        arn=arn,
+        pipeline=arn.split("/")[1] if "/" in arn else "",
+        status=execution["PipelineExecutionStatus"],
+        started=_when(execution.get("CreationTime")),
+        ended=_when(execution.get("LastModifiedTime")) if execution["PipelineExecutionStatus"] in TERMINAL else "",
+        steps=None if steps is None else [step_view(s) for s in steps],
+        parameters={p["Name"]: p["Value"] for p in parameters},
+        failure_reason=failure_reason(execution, steps),
+        display_name=execution.get("PipelineExecutionDisplayName", ""),
+    )
 
 
 def failure_reason(execution: dict, steps: list[dict] | None) -> str:
+    if execution.get("PipelineExecutionStatus") not in ("Failed", "Stopped"):
+        return ""
     for step in steps or []:
         if step.get("StepStatus") == "Failed":
             return f"step {step['StepName']} failed: {step.get('FailureReason', 'no reason given')}"
     return execution.get("FailureReason", "no reason given")
 
 
-def wait(aws: Aws, arn: str, console: Console, poll_seconds: float = 30) -> dict:
-    """Show a live table until the execution ends; return its final description."""
-    table, execution, steps = execution_table(aws, arn)
-    with Live(table, console=console, refresh_per_second=1) as live:
-        while execution["PipelineExecutionStatus"] not in TERMINAL:
-            time.sleep(poll_seconds)
-            table, execution, steps = execution_table(aws, arn)
-            live.update(table)
-    execution["_steps"] = steps
-    return execution
+def wait(aws: Aws, arn: str, on_update: OnUpdate, poll_seconds: float = 30) -> ExecutionView:
+    """Describe the execution every `poll_seconds` until it ends, passing each description to `on_update`."""
+    view = describe(aws, arn)
+    on_update(view)
+    while view.status not in TERMINAL:
+        time.sleep(poll_seconds)
+        view = describe(aws, arn)
+        on_update(view)
+    return view
 
 
-def executions_table(aws: Aws, pipeline: str, limit: int = 20) -> Table:
+def recent(aws: Aws, pipeline: str, limit: int = 20) -> list[ExecutionView]:
+    """The newest executions of `pipeline`, without their steps."""
     with explained(f"list executions of {pipeline}"):
         found = aws.sagemaker.list_pipeline_executions(
             PipelineName=pipeline, SortBy="CreationTime", SortOrder="Descending", MaxResults=limit
         )["PipelineExecutionSummaries"]
-    table = Table(title=f"executions of {pipeline}")
-    for column in ("execution", "status", "started", "name"):
-        table.add_column(column)
-    for e in found:
-        s = e.get("PipelineExecutionStatus", "")
-        table.add_row(
-            e["PipelineExecutionArn"].rsplit("/", 1)[-1],
-            f"[{STATUS_STYLE.get(s, 'white')}]{s}[/]",
-            _when(e.get("StartTime")),
-            e.get("PipelineExecutionDisplayName", ""),
+    return [
+        ExecutionView(
+            id=e["PipelineExecutionArn"].rsplit("/", 1)[-1],
+            arn=e["PipelineExecutionArn"],
+            pipeline=pipeline,
+            status=e.get("PipelineExecutionStatus", ""),
+            started=_when(e.get("StartTime")),
+            display_name=e.get("PipelineExecutionDisplayName", ""),
         )
-    return table
-
-
-def parameters_table(aws: Aws, arn: str) -> Table:
-    with explained(f"list parameters of {arn}"):
-        found = aws.sagemaker.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
-    table = Table(title="parameters")
-    table.add_column("name")
-    table.add_column("value")
-    for p in found:
-        table.add_row(p["Name"], p["Value"])
-    return table
+        for e in found
+    ]

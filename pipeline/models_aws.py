@@ -6,8 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from pipeline.aws import Aws, AwsError, explained
-
-APPROVAL_STATUSES = ("Approved", "PendingManualApproval", "Rejected")
+from pipeline.contract import APPROVAL_STATUSES
 
 
 def _accuracy(metadata: dict[str, str] | None) -> float | str | None:

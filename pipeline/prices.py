@@ -8,6 +8,7 @@ them at PRICING_URL and override them in the `prices` section of pipeline.yaml.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 PRICING_URL = "https://aws.amazon.com/sagemaker/pricing/"
 PRICES_AS_OF = "2025"
@@ -116,19 +117,13 @@ def training_job_cost(described: dict, price: float | None, step: str = "") -> J
     note = ""
     if billable is None:
         note = "still running" if status in ("InProgress", "Stopping") else "billable time not reported"
-    return JobCost(
-        step=step,
-        job=described["TrainingJobName"],
-        kind="Training",
-        instance_type=resources.get("InstanceType", "?"),
-        count=int(resources.get("InstanceCount", 1)),
+    trained = described.get("TrainingTimeInSeconds")
+    return _job_cost(
+        (step, described["TrainingJobName"], "Training", resources, status, note, price),
         seconds=float(billable) if billable is not None else None,
         basis="BillableTimeInSeconds",
-        price=price,
-        training_seconds=float(described["TrainingTimeInSeconds"]) if "TrainingTimeInSeconds" in described else None,
+        training_seconds=float(trained) if trained is not None else None,
         spot=bool(described.get("EnableManagedSpotTraining")),
-        status=status,
-        note=note,
     )
 
 
@@ -145,18 +140,16 @@ def processing_job_cost(described: dict, price: float | None, step: str = "") ->
         seconds, note = 0.0, "never started"  # e.g. failed while provisioning: nothing ran
     elif seconds is None:
         note = "no end time reported"
-    return JobCost(
-        step=step,
-        job=described["ProcessingJobName"],
-        kind="Processing",
-        instance_type=cluster.get("InstanceType", "?"),
-        count=int(cluster.get("InstanceCount", 1)),
-        seconds=seconds,
-        basis="ProcessingEndTime - ProcessingStartTime",
-        price=price,
-        status=status,
-        note=note,
-    )
+    job = (step, described["ProcessingJobName"], "Processing", cluster, status, note, price)
+    return _job_cost(job, seconds=seconds, basis="ProcessingEndTime - ProcessingStartTime")
+
+
+def _job_cost(job: tuple, **billing: Any) -> JobCost:
+    """A JobCost from (step, job name, kind, resources with InstanceType/InstanceCount, status, note, price)."""
+    step, name, kind, resources, status, note, price = job
+    instance_type, count = resources.get("InstanceType", "?"), int(resources.get("InstanceCount", 1))
+    return JobCost(step=step, job=name, kind=kind, instance_type=instance_type, count=count, price=price,
+                   status=status, note=note, **billing)
 
 
 def per_million(cost: float | None, samples: float | None) -> float | None:

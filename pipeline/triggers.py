@@ -9,28 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from pipeline.aws import Aws, AwsError, explained, split_s3_uri
 from pipeline.config import Config
+from pipeline.contract import APPROVED, MODEL_PACKAGE_EVENT
 
-MODEL_PACKAGE_EVENT = "SageMaker Model Package State Change"
 DEPLOY_TARGET_ID = "deploy-lambda"
 PIPELINE_TARGET_ID = "start-pipeline"
 MAX_RULE_NAME = 64
-
-
-@dataclass(frozen=True)
-class TriggerSettings:
-    """What to trigger besides deploy-on-approval (always on)."""
-
-    schedule: str | None = None  # "cron(0 3 ? * MON *)" or "rate(7 days)"; None: no schedule rule
-    schedule_parameters: dict[str, str] = field(default_factory=dict)  # pipeline parameters of triggered runs
-    on_new_data: bool = False  # start the pipeline when an object lands under data.source (an s3:// prefix)
-    events_role_arn: str | None = None  # role EventBridge assumes to start the pipeline
 
 
 def rule_name(pipeline_name: str, kind: str) -> str:
@@ -47,18 +36,13 @@ def rule_names(cfg: Config) -> dict[str, str]:
     return {kind: rule_name(cfg.pipeline.name, kind) for kind in ("deploy-on-approval", "schedule", "on-new-data")}
 
 
-def pipeline_arn(cfg: Config) -> str:
-    """The pipeline's ARN (SageMaker lowercases names in ARNs)."""
-    return f"arn:aws:sagemaker:{cfg.aws.region}:{cfg.aws.account}:pipeline/{cfg.pipeline.name.lower()}"
-
-
 def approval_pattern(cfg: Config) -> dict:
     return {
         "source": ["aws.sagemaker"],
         "detail-type": [MODEL_PACKAGE_EVENT],
         "detail": {
             "ModelPackageGroupName": [cfg.pipeline.model_package_group],
-            "ModelApprovalStatus": ["Approved"],
+            "ModelApprovalStatus": [APPROVED],
         },
     }
 
@@ -75,7 +59,8 @@ def new_data_pattern(cfg: Config) -> dict:
     }
 
 
-def _pipeline_target(cfg: Config, settings: TriggerSettings, arn: str) -> dict:
+def _pipeline_target(cfg: Config, arn: str) -> dict:
+    settings = cfg.triggers
     if not settings.events_role_arn:
         raise ValueError("a schedule or on-new-data trigger needs events_role_arn (a role EventBridge can assume)")
     return {
@@ -90,11 +75,11 @@ def _pipeline_target(cfg: Config, settings: TriggerSettings, arn: str) -> dict:
     }
 
 
-def plan(cfg: Config, settings: TriggerSettings | None = None, pipeline: str | None = None) -> list[dict]:
-    """The rules apply puts: [{"Name", "EventPattern"|"ScheduleExpression", "Targets"}] (no AWS calls)."""
-    settings = settings or TriggerSettings()
+def plan(cfg: Config, pipeline: str | None = None) -> list[dict]:
+    """The rules apply puts for cfg.triggers: [{"Name", "EventPattern"|"ScheduleExpression", "Targets"}] (no calls)."""
+    settings = cfg.triggers
     names = rule_names(cfg)
-    arn = pipeline or pipeline_arn(cfg)
+    arn = pipeline or cfg.pipeline_arn
     rules: list[dict] = [
         {
             "Name": names["deploy-on-approval"],
@@ -110,7 +95,7 @@ def plan(cfg: Config, settings: TriggerSettings | None = None, pipeline: str | N
                 "Name": names["schedule"],
                 "Description": f"Start pipeline {cfg.pipeline.name} on a schedule",
                 "ScheduleExpression": settings.schedule,
-                "Targets": [_pipeline_target(cfg, settings, arn)],
+                "Targets": [_pipeline_target(cfg, arn)],
             }
         )
     if settings.on_new_data:
@@ -119,7 +104,7 @@ def plan(cfg: Config, settings: TriggerSettings | None = None, pipeline: str | N
                 "Name": names["on-new-data"],
                 "Description": f"Start pipeline {cfg.pipeline.name} when data lands under {cfg.data.source}",
                 "EventPattern": new_data_pattern(cfg),
-                "Targets": [_pipeline_target(cfg, settings, arn)],
+                "Targets": [_pipeline_target(cfg, arn)],
             }
         )
     return rules
@@ -152,7 +137,7 @@ def _existing_pipeline_arn(cfg: Config, aws: Aws) -> str:
         return aws.sagemaker.describe_pipeline(PipelineName=cfg.pipeline.name)["PipelineArn"]
     except ClientError as e:
         if _code(e) in ("ResourceNotFound", "ValidationException"):
-            return pipeline_arn(cfg)
+            return cfg.pipeline_arn
         raise
 
 
@@ -202,22 +187,20 @@ def _enable_s3_eventbridge(aws: Aws, bucket: str) -> bool:
     return True
 
 
-def apply(
-    cfg: Config, aws: Aws | None, print_only: bool = False, *, settings: TriggerSettings | None = None
-) -> list[dict]:
-    """Create or update the rules and their targets; remove rules whose option is off.
+def apply(cfg: Config, aws: Aws | None, print_only: bool = False) -> list[dict]:
+    """Create or update the rules of cfg.triggers and their targets; remove rules whose option is off.
 
     Returns one entry per rule: {"name", "action": "created"|"updated"|"unchanged"|"deleted"|"planned",
     "rule": the planned rule}. With print_only nothing is called (aws may be None).
     """
-    settings = settings or TriggerSettings()
+    settings = cfg.triggers
     if print_only:
-        return [{"name": r["Name"], "action": "planned", "rule": r} for r in plan(cfg, settings)]
+        return [{"name": r["Name"], "action": "planned", "rule": r} for r in plan(cfg)]
     assert aws is not None
     events = aws.client("events")
     with explained(f"describe pipeline {cfg.pipeline.name}"):
         arn = _existing_pipeline_arn(cfg, aws) if (settings.schedule or settings.on_new_data) else None
-    rules = plan(cfg, settings, arn)
+    rules = plan(cfg, arn)
     report: list[dict] = []
     for rule in rules:
         name = rule["Name"]
@@ -318,93 +301,3 @@ def delete(cfg: Config, aws: Aws) -> list[str]:
                 f"remove permission {_statement_id(cfg)} of {cfg.deploy.lambda_function_name}: {e}"
             ) from None
     return deleted
-
-
-def policies(cfg: Config) -> dict[str, dict]:
-    """Least-privilege IAM documents: the deploy Lambda's role and the role EventBridge assumes."""
-    region, account = cfg.aws.region, cfg.aws.account
-    sm = f"arn:aws:sagemaker:{region}:{account}"
-    group = cfg.pipeline.model_package_group.lower()
-    endpoint = cfg.deploy.endpoint_name.lower()
-    function = cfg.deploy.lambda_function_name
-    deploy_role = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "ReadModelPackages",
-                "Effect": "Allow",
-                "Action": ["sagemaker:DescribeModelPackage"],
-                "Resource": [f"{sm}:model-package/{group}/*"],
-            },
-            {
-                "Sid": "CreateModels",
-                "Effect": "Allow",
-                "Action": ["sagemaker:CreateModel", "sagemaker:DescribeModel"],
-                "Resource": [f"{sm}:model/{group[:50]}*"],
-            },
-            {
-                "Sid": "EndpointConfigs",
-                "Effect": "Allow",
-                "Action": ["sagemaker:CreateEndpointConfig", "sagemaker:DescribeEndpointConfig"],
-                "Resource": [f"{sm}:endpoint-config/{endpoint[:40]}*"],
-            },
-            {
-                "Sid": "Endpoint",
-                "Effect": "Allow",
-                "Action": ["sagemaker:CreateEndpoint", "sagemaker:UpdateEndpoint", "sagemaker:DescribeEndpoint"],
-                "Resource": [f"{sm}:endpoint/{endpoint}", f"{sm}:endpoint-config/{endpoint[:40]}*"],
-            },
-            {
-                "Sid": "PassModelRole",
-                "Effect": "Allow",
-                "Action": ["iam:PassRole"],
-                "Resource": [cfg.aws.role_arn],
-                "Condition": {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
-            },
-            {
-                "Sid": "GuardrailAlarms",
-                "Effect": "Allow",
-                "Action": ["cloudwatch:DescribeAlarms"],
-                "Resource": [f"arn:aws:cloudwatch:{region}:{account}:alarm:*"],
-            },
-            {
-                "Sid": "Logs",
-                "Effect": "Allow",
-                "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                "Resource": [
-                    f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{function}",
-                    f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{function}:*",
-                ],
-            },
-        ],
-    }
-    events_role = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "StartPipeline",
-                "Effect": "Allow",
-                "Action": ["sagemaker:StartPipelineExecution"],
-                "Resource": [pipeline_arn(cfg)],
-            }
-        ],
-    }
-
-    def trust(service: str) -> dict:
-        return {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Principal": {"Service": service},
-                    "Action": "sts:AssumeRole",
-                }
-            ],
-        }
-
-    return {
-        "deploy-lambda-role": deploy_role,
-        "deploy-lambda-trust": trust("lambda.amazonaws.com"),
-        "events-role": events_role,
-        "events-trust": trust("events.amazonaws.com"),
-    }

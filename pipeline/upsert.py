@@ -7,43 +7,13 @@ import hashlib
 import io
 import json
 import zipfile
-from dataclasses import dataclass, field
 
 from pipeline.aws import MAX_INLINE_DEFINITION, Aws, explained, split_s3_uri
 from pipeline.code import bundles
 from pipeline.config import Config
-
-
-def flatten_steps(steps: list[dict]) -> dict[str, dict]:
-    """Step name -> step, including the steps nested in condition branches."""
-    found: dict[str, dict] = {}
-    for step in steps:
-        found[step["Name"]] = step
-        if step.get("Type") == "Condition":
-            args = step.get("Arguments", {})
-            found.update(flatten_steps(args.get("IfSteps", []) + args.get("ElseSteps", [])))
-    return found
-
-
-def changed_steps(old: dict | None, new: dict) -> dict[str, list[str]]:
-    """Steps added, removed and changed between two definitions (a condition counts its branches apart)."""
-
-    def own(step: dict) -> str:
-        if step.get("Type") != "Condition":
-            return json.dumps(step, sort_keys=True)
-        args = dict(step["Arguments"])
-        args["IfSteps"] = [s["Name"] for s in args.get("IfSteps", [])]
-        args["ElseSteps"] = [s["Name"] for s in args.get("ElseSteps", [])]
-        return json.dumps({**step, "Arguments": args}, sort_keys=True)
-
-    before = flatten_steps(old["Steps"]) if old else {}
-    after = flatten_steps(new["Steps"])
-    return {
-        "added": sorted(after.keys() - before.keys()),
-        "removed": sorted(before.keys() - after.keys()),
-        "changed": sorted(n for n in after.keys() & before.keys() if own(after[n]) != own(before[n])),
-    }
-
+from pipeline.dag.graph import changed_steps
+from pipeline.dag.requests import check_job_steps
+from pipeline.records import Upserted
 
 LAMBDA_RUNTIME = "python3.12"
 LAMBDA_HANDLER = "deploy.lambda_handler"
@@ -115,17 +85,7 @@ def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
     return f"updated {' and '.join(actions)}" if actions else "unchanged"
 
 
-@dataclass
-class UpsertReport:
-    action: str = ""
-    lambda_action: str = ""
-    pipeline_arn: str = ""
-    uploaded: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    steps: dict[str, list[str]] = field(default_factory=dict)
-
-
-def upload_code(cfg: Config, aws: Aws, report: UpsertReport) -> None:
+def upload_code(cfg: Config, aws: Aws, report: Upserted) -> None:
     """Upload each code object unless its content-hashed key already exists."""
     for bundle in bundles().values():
         for uri, data in bundle.uploads(cfg.s3_root).items():
@@ -137,11 +97,13 @@ def upload_code(cfg: Config, aws: Aws, report: UpsertReport) -> None:
                     report.uploaded.append(uri)
 
 
-def upsert(cfg: Config, definition_json: str, aws: Aws) -> UpsertReport:
-    """Upload the step code, then create the pipeline or update it to `definition_json`."""
-    report = UpsertReport()
+def upsert(cfg: Config, definition_json: str, aws: Aws) -> Upserted:
+    """Check the job steps against SageMaker's API model, upload the step code, then create the pipeline or update
+    it to `definition_json`."""
+    check_job_steps(json.loads(definition_json))
+    report = Upserted(action="", pipeline_arn="")
     upload_code(cfg, aws, report)
-    report.lambda_action = upsert_deploy_lambda(cfg, aws)
+    report.deploy_function = upsert_deploy_lambda(cfg, aws)
     name = cfg.pipeline.name
     with explained(f"describe pipeline {name}"):
         old = aws.pipeline_definition(name)

@@ -12,7 +12,7 @@ SAGEMAKER_ROLE_ARN (execution role of the model), GUARDRAILS_ALARM (a CloudWatch
 updates become blue/green and roll back automatically when it fires).
 
 Idempotent: the model, endpoint config and endpoint are named after the version (and the serving
-settings), so a repeated call finds them and changes nothing. It never waits for InService.
+settings), so a repeated or concurrent call finds them and changes nothing. It never waits for InService.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _missing(error: Exception) -> bool:
     """True for SageMaker's "Could not find ..." (a ValidationException) or a ResourceNotFound."""
     code, message = _error_code(error)
     return code in ("ResourceNotFound", "ResourceNotFoundException") or (
-        code == "ValidationException" and "could not find" in message.lower()
+        code == "ValidationException" and ("could not find" in message.lower() or "does not exist" in message.lower())
     )
 
 
@@ -137,7 +137,10 @@ def deploy(
     """Serve model package version `model_package_arn` on `endpoint_name` (created or updated).
 
     Raises NotApproved for a version that is not Approved. Returns {"endpoint_config_name",
-    "model_name", "action": "created" | "updated" | "unchanged", "endpoint_name", "model_package_arn"}.
+    "model_name", "action": "created" | "updated" | "unchanged" | "in-progress", "endpoint_name",
+    "model_package_arn"}. "in-progress": the endpoint is already being created or updated to this very
+    config, as when the pipeline's Deploy step and the approval rule both deploy a version registered
+    Approved; both callers then succeed.
     """
     sm = sagemaker_client
     if not endpoint_name:
@@ -145,9 +148,14 @@ def deploy(
     instance_count = int(instance_count)
     if instance_count < 1:
         raise DeployError(f"instance_count={instance_count}: expected 1 or more")
-    package = _describe(sm.describe_model_package, ModelPackageName=model_package_arn)
+    try:
+        package = _describe(sm.describe_model_package, ModelPackageName=model_package_arn)
+    except Exception as e:
+        if _error_code(e)[0] != "ValidationException":
+            raise
+        raise DeployError(f"model package {model_package_arn}: {_error_code(e)[1]}") from e
     if package is None:
-        raise DeployError(f"model package {model_package_arn} not found")
+        raise DeployError(f"model package {model_package_arn} does not exist: nothing was deployed")
     status = package.get("ModelApprovalStatus", "PendingManualApproval")
     group = package.get("ModelPackageGroupName", "model")
     version = package.get("ModelPackageVersion", "0")
@@ -168,19 +176,9 @@ def deploy(
     }
 
     endpoint = _describe(sm.describe_endpoint, EndpointName=endpoint_name)
-    if endpoint is not None and endpoint.get("EndpointConfigName") == config:
-        return {**result, "action": "unchanged", "endpoint_status": endpoint.get("EndpointStatus", "")}
-    busy = endpoint.get("EndpointStatus") if endpoint is not None else None
-    if busy in ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting"):
-        raise DeployError(
-            f"endpoint {endpoint_name} is {busy} (config {endpoint.get('EndpointConfigName')}); "
-            "retry when it is InService"
-        )
-    if busy == "Failed":
-        raise DeployError(
-            f"endpoint {endpoint_name} is Failed and cannot be updated: delete it "
-            f"(aws sagemaker delete-endpoint --endpoint-name {endpoint_name}) and deploy again"
-        )
+    if endpoint is not None and target_config(endpoint) == config:
+        return converged(result, endpoint)
+    _check_ready(endpoint_name, endpoint)
 
     if _describe(sm.describe_model, ModelName=model) is None:
         role = role_arn or os.environ.get("SAGEMAKER_ROLE_ARN")
@@ -210,13 +208,55 @@ def deploy(
         _create(sm.create_endpoint_config, **request)
 
     if endpoint is None:
-        _create(sm.create_endpoint, EndpointName=endpoint_name, EndpointConfigName=config)
+        if not _create(sm.create_endpoint, EndpointName=endpoint_name, EndpointConfigName=config):
+            return _after_race(sm, endpoint_name, result)  # a concurrent caller created it first
         return {**result, "action": "created", "previous_endpoint_config_name": ""}
     update: dict[str, Any] = {"EndpointName": endpoint_name, "EndpointConfigName": config}
     if guardrails_alarm:
         update["DeploymentConfig"] = deployment_config(guardrails_alarm)
-    sm.update_endpoint(**update)
+    try:
+        sm.update_endpoint(**update)
+    except Exception as e:
+        if _error_code(e)[0] != "ValidationException":
+            raise
+        return _after_race(sm, endpoint_name, result)  # e.g. "Cannot update in-progress endpoint"
     return {**result, "action": "updated", "previous_endpoint_config_name": endpoint.get("EndpointConfigName", "")}
+
+
+def target_config(endpoint: dict) -> str:
+    """The config the endpoint serves, or is being created or updated to."""
+    pending = (endpoint.get("PendingDeploymentSummary") or {}).get("EndpointConfigName")
+    return pending or endpoint.get("EndpointConfigName", "")
+
+
+def converged(result: dict, endpoint: dict) -> dict:
+    """The endpoint serves, or is already moving to, this config: the other caller's deploy is ours."""
+    status = endpoint.get("EndpointStatus", "")
+    action = "unchanged" if status == "InService" else "in-progress"
+    return {**result, "action": action, "endpoint_status": status, "previous_endpoint_config_name": ""}
+
+
+def _check_ready(endpoint_name: str, endpoint: dict | None) -> None:
+    """Raise DeployError unless the endpoint is absent or can take an update now."""
+    busy = endpoint.get("EndpointStatus") if endpoint is not None else None
+    if busy in ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting"):
+        raise DeployError(
+            f"endpoint {endpoint_name} is {busy} (to config {target_config(endpoint)}); retry when it is InService"
+        )
+    if busy == "Failed":
+        raise DeployError(
+            f"endpoint {endpoint_name} is Failed and cannot be updated: delete it "
+            f"(aws sagemaker delete-endpoint --endpoint-name {endpoint_name}) and deploy again"
+        )
+
+
+def _after_race(sm: Any, endpoint_name: str, result: dict) -> dict:
+    """Another caller changed the endpoint between our describe and our call: success if it went our way."""
+    endpoint = _describe(sm.describe_endpoint, EndpointName=endpoint_name)
+    if endpoint is not None and target_config(endpoint) == result["endpoint_config_name"]:
+        return converged(result, endpoint)
+    _check_ready(endpoint_name, endpoint)
+    raise DeployError(f"endpoint {endpoint_name} changed while deploying; deploy again")
 
 
 def _settings_from_env() -> dict[str, Any]:

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline import compare as cmp
+from pipeline import views
 from pipeline.aws import Aws
 from pipeline.config import load_config
 
@@ -269,8 +270,7 @@ def test_a_failed_job_is_billed_and_shows_its_reason(aws, cfg):
     result = cmp.report(aws, cfg, [job])
     assert result.rows[0].job.cost == pytest.approx(900 / 3600 * 24.725)  # failed jobs are billed too
     console = Console(width=250, record=True)
-    console.print(cmp.table(result))
+    console.print(views.compare_table(result))
     assert "Failed (AlgorithmError: [Errno 2] No such file [/opt/ml/code/train.py])" in console.export_text()
-    assert "| status | Failed (AlgorithmError: [Errno 2] No such file [/opt/ml/code/train.py]) |" in cmp.markdown(
-        result
-    )
+    markdown = views.compare_markdown(result)
+    assert "| status | Failed (AlgorithmError: [Errno 2] No such file [/opt/ml/code/train.py]) |" in markdown

@@ -15,8 +15,9 @@ from rich.console import Console
 
 from pipeline.aws import Aws, AwsError
 from pipeline.config import ConfigError, load_config
-from pipeline.cost import cost_table, local_costs, sagemaker_costs, throughput_lines
+from pipeline.cost import local_costs, sagemaker_costs
 from pipeline.prices import DEFAULT_PRICES
+from pipeline.views import cost_table, throughput_lines
 
 SHIPPED = ROOT / "pipeline.yaml"
 EXECUTION = "k3j9x2m5q7wz"  # Tokenize, Train with managed spot on ml.trn1.32xlarge, Evaluate
@@ -176,11 +177,13 @@ def test_sagemaker_costs_raise_when_steps_cannot_be_listed(moto_session):
 # local executions
 def _local_execution(tmp_path: Path):
     """A finished local execution as the runner records it, with train.py's stats in the local S3 folder."""
-    from pipeline.local.runner import Execution, StepRecord, resolve_parameters
+    from pipeline.dag.parameters import resolve
+    from pipeline.local.runner import Execution, StepRecord
     from pipeline.local.session import LocalAccount
 
     account = LocalAccount(config(), tmp_path)
-    parameters = resolve_parameters(account.definition()["Parameters"], {"TrainInstanceType": "ml.trn1.2xlarge"})
+    definition = account.definition()
+    parameters = resolve(definition, {"TrainInstanceType": "ml.trn1.2xlarge"})
     execution_id = "20250301100000-a1b2c3"
     model = f"s3://{BUCKET}/trainium-bert/executions/{execution_id}/model/train-20250301T100030-9f2e/output"
     when = "2025-03-01T10:00:00+00:00"
@@ -223,6 +226,7 @@ def _local_execution(tmp_path: Path):
     folder = tmp_path / "executions" / "trainium-bert" / execution_id
     folder.mkdir(parents=True)
     (folder / "execution.json").write_text(record.to_json())
+    (folder / "definition.json").write_text(json.dumps(definition))  # what the runner saves beside the record
     account.s3.put_bytes(f"{model}/output.tar.gz", stats_tarball(train_stats(32_000, 80.0, 0.41, 0.88, "cpu")))
     return account, execution_id
 
@@ -248,6 +252,19 @@ def test_local_cost_prices_wall_time_as_would_be_cost(tmp_path):
 
     with pytest.raises(LookupError, match="no local execution nope"):
         local_costs(account, "nope", config().prices)
+
+
+def test_local_cost_prices_the_definition_the_execution_ran_not_todays_config(tmp_path):
+    """The runner saves the definition beside execution.json; a config changed since does not re-price the past."""
+    from pipeline.local.session import LocalAccount
+
+    _, execution_id = _local_execution(tmp_path)
+    changed = load_config(SHIPPED, [f"aws.bucket={BUCKET}", "tokenize.instance_type=ml.m5.xlarge"], environ={})
+    report = local_costs(LocalAccount(changed, tmp_path), execution_id, changed.prices)
+    assert report.jobs[0].instance_type == "ml.m5.4xlarge"  # what ran, not today's ml.m5.xlarge
+    (tmp_path / "executions" / "trainium-bert" / execution_id / "definition.json").unlink()
+    with pytest.raises(LookupError, match="has no definition.json"):
+        local_costs(LocalAccount(changed, tmp_path), execution_id, changed.prices)
 
 
 def test_cost_local_command_json(tmp_path, capsys):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.code import CodeBundle
-from pipeline.config import load_config
+from pipeline.config import ConfigError, load_config
+from pipeline.dag.graph import flatten_steps
 from pipeline.definition import definition
-from pipeline.upsert import flatten_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "definition.json"
@@ -289,3 +289,78 @@ def test_code_hash_follows_content_only(tmp_path):
     changed = CodeBundle("training", folder, packed=True)
     assert changed.sha256 != first.sha256
     assert changed.uri("s3://b/p") == f"s3://b/p/code/{changed.sha256}/training/sourcedir.tar.gz"
+
+
+def published_images() -> dict[str, str]:
+    lines = (Path(__file__).parent / "images" / "published.txt").read_text().splitlines()
+    return dict(line.split(" | ", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_every_default_image_is_a_published_deep_learning_container():
+    cfg = load_config(ROOT / "pipeline.yaml", environ={})
+    published = published_images()
+    for kind in ("training", "processing", "inference", "evaluation", "training_cuda"):
+        uri = cfg.image(kind)
+        registry, _, tag = uri.partition("/")
+        assert registry == "763104351884.dkr.ecr.us-east-1.amazonaws.com", uri
+        assert tag in published, f"images.{kind}: {tag} is not in tests/images/published.txt"
+    assert "pytorch-training:2.8.0-cpu-py312-ubuntu22.04" not in published  # the unpublished former default
+
+
+def test_evaluate_runs_on_the_serving_image(steps):
+    """int8 is decided with the transformers and torch that serve the model."""
+    evaluate = steps["Evaluate"]["Arguments"]["AppSpecification"]["ImageUri"]
+    assert evaluate == steps["RegisterModel"]["Arguments"]["InferenceSpecification"]["Containers"][0]["Image"]
+    assert steps["Tokenize"]["Arguments"]["AppSpecification"]["ImageUri"].endswith("-sagemaker")
+
+
+def test_multi_node_training_request_carries_the_neuron_and_efa_environment(tmp_path):
+    """The generated request, then what train.py adds to it on a two-node trn1n job."""
+    import importlib.util
+
+    cfg = load_config(
+        ROOT / "pipeline.yaml", ["training.instance_count=2", "training.instance_type=ml.trn1n.32xlarge"], environ={}
+    )
+    dag = json.loads(definition(cfg))
+    args = flatten_steps(dag["Steps"])["Train"]["Arguments"]
+    count = next(p for p in dag["Parameters"] if p["Name"] == "TrainInstanceCount")
+    assert count["DefaultValue"] == 2
+    assert args["ResourceConfig"]["InstanceCount"] == {"Get": "Parameters.TrainInstanceCount"}
+    environment = args["Environment"]
+    assert environment["MALLOC_ARENA_MAX"] == "64"  # read by glibc at process start: must come from the job
+    assert environment["FI_EFA_FORK_SAFE"] == "1" and environment["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    spec = importlib.util.spec_from_file_location("train_env", ROOT / "training" / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    job = {**environment, "SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_INSTANCE_TYPE": "ml.trn1n.32xlarge"}
+    added = train.neuron_environment(job, tmp_path)
+    assert added["FI_PROVIDER"] == "efa"  # the toolkit sets it for trn1.32xlarge only
+    flags = added["NEURON_CC_FLAGS"].split()
+    assert {"--model-type=transformer", "--auto-cast=none"} <= set(flags)
+    assert f"--cache_dir={environment['NEURON_COMPILE_CACHE_URL']}" in flags
+
+
+def test_a_vpc_without_internet_stages_wheels_model_and_data_from_s3():
+    vpc = "aws.vpc={subnets: [subnet-1], security_group_ids: [sg-1], internet: false}"
+    with pytest.raises(ConfigError, match="aws.vpc.internet=False: .*images.wheels, training.model_id, data.source"):
+        load_config(ROOT / "pipeline.yaml", [vpc], environ={})
+    cfg = load_config(
+        ROOT / "pipeline.yaml",
+        [vpc, "images.wheels=s3://bkt/wheels/", "training.model_id=s3://bkt/models/bert-base-uncased/",
+         "data.source=s3://bkt/polarity/"],
+        environ={},
+    )
+    steps = flatten_steps(json.loads(definition(cfg))["Steps"])
+    tokenize = steps["Tokenize"]["Arguments"]
+    inputs = {i["InputName"]: (i["S3Input"]["S3Uri"], i["S3Input"]["LocalPath"]) for i in tokenize["ProcessingInputs"]}
+    assert inputs["wheels"] == ("s3://bkt/wheels/", "/opt/ml/processing/input/wheels")
+    assert inputs["model"] == ("s3://bkt/models/bert-base-uncased/", "/opt/ml/processing/input/model")
+    arguments = tokenize["AppSpecification"]["ContainerArguments"]
+    assert arguments[arguments.index("--model-id") + 1] == "/opt/ml/processing/input/model"
+    train = steps["Train"]["Arguments"]
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in train["InputDataConfig"]}
+    assert channels["model"] == "s3://bkt/models/bert-base-uncased/"
+    assert train["HyperParameters"]["model-id"] == "/opt/ml/input/data/model"
+    for environment in (tokenize["Environment"], train["Environment"], steps["Evaluate"]["Arguments"]["Environment"]):
+        assert environment["HF_HUB_OFFLINE"] == "1"  # fail at once rather than wait on the Hub
+    assert "wheels" in {i["InputName"] for i in steps["Evaluate"]["Arguments"]["ProcessingInputs"]}

@@ -235,3 +235,91 @@ def test_module_imports_only_stdlib_and_boto3():
         line.split()[1].split(".")[0] for line in source.splitlines() if line.lstrip().startswith(("import ", "from "))
     }
     assert imports <= {"__future__", "hashlib", "json", "os", "re", "typing", "boto3"}
+
+
+def client_error(code: str, message: str, operation: str):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": message}}, operation)
+
+
+class RacingClient(RecordingClient):
+    """The moto client, as the second of two concurrent deploy() calls sees SageMaker: the other call's
+    UpdateEndpoint has just been accepted, so the endpoint is Updating towards `pending` (or, with
+    `hide_endpoint`, this call's first look saw no endpoint at all)."""
+
+    def __init__(self, client, backend_endpoints, pending: str | None = None, hide_endpoint: bool = False):
+        super().__init__(client, backend_endpoints)
+        self.pending, self.hide_endpoint, self.describes = pending, hide_endpoint, 0
+
+    def describe_endpoint(self, **kwargs):
+        self.describes += 1
+        if self.hide_endpoint and self.describes == 1:
+            raise client_error("ValidationException", f"Could not find endpoint \"{kwargs['EndpointName']}\".",
+                               "DescribeEndpoint")
+        described = self._client.describe_endpoint(**kwargs)
+        if self.pending and self.describes > 1:
+            described["EndpointStatus"] = "Updating"
+            described["PendingDeploymentSummary"] = {"EndpointConfigName": self.pending}
+        return described
+
+    def update_endpoint(self, **kwargs):
+        self.updates.append(kwargs)
+        raise client_error("ValidationException", "Cannot update in-progress endpoint", "UpdateEndpoint")
+
+    def create_endpoint(self, **kwargs):
+        """SageMaker refuses a second CreateEndpoint of one name; moto overwrites the endpoint instead."""
+        name = kwargs["EndpointName"]
+        if name in self._endpoints:
+            arn = f"arn:aws:sagemaker:{REGION}:123456789012:endpoint/{name}"
+            raise client_error("ValidationException", f'Cannot create already existing endpoint "{arn}".',
+                               "CreateEndpoint")
+        return self._client.create_endpoint(**kwargs)
+
+
+def race(sm, pending_is_ours: bool) -> tuple[RacingClient, str]:
+    """Version 1 serves; then the Deploy step and the approval rule both deploy version 2, registered Approved."""
+    deploy_step.deploy(sm, register(sm, "Approved"), ENDPOINT)
+    second = register(sm, "Approved")
+    ours = deploy_step.endpoint_config_name(ENDPOINT, 2, deploy_step.DEFAULT_INSTANCE_TYPE, 1)
+    racing = RacingClient(sm._client, sm._endpoints, pending=ours if pending_is_ours else "someone-elses-config")
+    return racing, second
+
+
+def test_the_second_of_two_concurrent_deploys_of_one_version_succeeds(sm):
+    racing, second = race(sm, pending_is_ours=True)
+    result = deploy_step.deploy(racing, second, ENDPOINT)
+    assert racing.updates, "the race is lost at UpdateEndpoint, after both saw InService"
+    assert result["action"] == "in-progress" and result["endpoint_status"] == "Updating"
+    assert result["endpoint_config_name"].startswith(f"{ENDPOINT}-v2-")
+    again = deploy_step.deploy(racing, second, ENDPOINT)  # a retry while the update runs: no second UpdateEndpoint
+    assert again["action"] == "in-progress" and len(racing.updates) == 1
+
+
+def test_a_concurrent_deploy_of_another_version_is_refused_with_the_reason(sm):
+    racing, second = race(sm, pending_is_ours=False)
+    with pytest.raises(deploy_step.DeployError, match="is Updating \\(to config someone-elses-config\\)"):
+        deploy_step.deploy(racing, second, ENDPOINT)
+
+
+def test_two_first_deploys_racing_to_create_the_endpoint_both_succeed(sm):
+    arn = register(sm, "Approved")
+    assert deploy_step.deploy(sm, arn, ENDPOINT)["action"] == "created"
+    late = RacingClient(sm._client, sm._endpoints, hide_endpoint=True)  # it looked before the endpoint existed
+    assert deploy_step.deploy(late, arn, ENDPOINT)["action"] == "unchanged"
+    assert counts(sm) == (1, 1, 1)
+
+
+class MissingPackageClient(RecordingClient):
+    def describe_model_package(self, **kwargs):
+        name = kwargs["ModelPackageName"]
+        raise client_error("ValidationException", f"ModelPackage {name} does not exist.", "DescribeModelPackage")
+
+
+def test_a_package_that_does_not_exist_is_a_deploy_error(sm):
+    arn = f"arn:aws:sagemaker:{REGION}:123456789012:model-package/{GROUP}/7"
+    with pytest.raises(deploy_step.DeployError, match="does not exist: nothing was deployed"):
+        deploy_step.deploy(MissingPackageClient(sm._client, sm._endpoints), arn, ENDPOINT)
+    with pytest.raises(deploy_step.DeployError, match=f"model package {arn}"):
+        deploy_step.deploy(sm, arn, ENDPOINT)  # whatever moto answers for it
+    assert counts(sm) == (0, 0, 0)

@@ -24,8 +24,9 @@ from botocore.validate import ParamValidator
 from jsonschema import Draft7Validator
 
 from pipeline.config import load_config
+from pipeline.dag.graph import flatten_steps
+from pipeline.dag.requests import placeholders
 from pipeline.definition import definition
-from pipeline.upsert import flatten_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((Path(__file__).parent / "schema" / "pipeline-definition.schema.json").read_text())
@@ -243,21 +244,6 @@ def test_no_condition_step_inside_another(dag):
         if step["Type"] == "Condition":
             branches = step["Arguments"]["IfSteps"] + step["Arguments"]["ElseSteps"]
             assert all(s["Type"] != "Condition" for s in branches), step["Name"]
-
-
-def placeholders(node, shape):
-    """`node` with each pipeline expression replaced by a value of the type `shape` expects there."""
-    if isinstance(node, dict) and len(node) == 1 and next(iter(node)) in EXPRESSIONS:
-        return {"string": "placeholder", "integer": 1, "long": 1, "float": 1.0, "double": 1.0, "boolean": True}[
-            shape.type_name
-        ]
-    if shape.type_name == "structure" and isinstance(node, dict):
-        return {k: placeholders(v, shape.members[k]) if k in shape.members else v for k, v in node.items()}
-    if shape.type_name == "list" and isinstance(node, list):
-        return [placeholders(v, shape.member) for v in node]
-    if shape.type_name == "map" and isinstance(node, dict):
-        return {k: placeholders(v, shape.value) for k, v in node.items()}
-    return node
 
 
 @pytest.mark.parametrize(

@@ -258,3 +258,15 @@ def test_neuron_environment_for_single_and_multi_node(tmp_path):
         }, "what the job sets wins"
     two_small = {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_INSTANCE_TYPE": "ml.trn1.2xlarge"}
     assert set(train.neuron_environment(two_small, tmp_path)) == {"NEURON_CC_FLAGS"}  # no EFA on trn1.2xlarge
+
+
+def test_every_metric_definition_reads_a_number_from_the_real_log(workspace, runs):
+    """SageMaker applies each regex of the TrainingStep's MetricDefinitions to the log lines train.py prints."""
+    from pipeline.contract import METRIC_DEFINITIONS, STATS_FILE, STATS_METRICS
+
+    lines = runs["reference"].splitlines()
+    for metric in METRIC_DEFINITIONS:
+        values = [float(m.group(1)) for line in lines if (m := re.search(metric["regex"], line))]
+        assert values and all(np.isfinite(values)), metric
+    stats = json.loads((workspace / "reference" / "output" / STATS_FILE).read_text())
+    assert set(STATS_METRICS) <= set(stats) and all(stats[key] is not None for key in STATS_METRICS)

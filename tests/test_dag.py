@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from pipeline.local.expressions import Context, ExpressionError, condition, evaluate, json_file_loader, property_path
-from pipeline.local.runner import ParameterError, StepGraph, resolve_parameters
+from pipeline.dag.expressions import Context, ExpressionError, condition, evaluate, json_file_loader, property_path
+from pipeline.dag.graph import StepGraph
+from pipeline.dag.parameters import ParameterError, parse_pairs, resolve
 
 
 @pytest.fixture
@@ -120,16 +121,16 @@ def test_parameters_are_cast_to_their_declared_types():
         {"Name": "Flag", "Type": "Boolean", "DefaultValue": False},
         {"Name": "Name", "Type": "String", "DefaultValue": "x"},
     ]
-    assert resolve_parameters(declared, {"Epochs": "5", "Rate": "1e-3", "Flag": "true"}) == {
+    assert resolve({"Parameters": declared, "Steps": []}, {"Epochs": "5", "Rate": "1e-3", "Flag": "true"}) == {
         "Epochs": 5,
         "Rate": 0.001,
         "Flag": True,
         "Name": "x",
     }
-    with pytest.raises(ParameterError, match="parameter Epochs='five': expected a Integer"):
-        resolve_parameters(declared, {"Epochs": "five"})
-    with pytest.raises(ParameterError, match="unknown parameter Epoch; expected one of"):
-        resolve_parameters(declared, {"Epoch": "1"})
+    with pytest.raises(ParameterError, match="--param Epochs='five': expected a Integer"):
+        resolve({"Parameters": declared, "Steps": []}, {"Epochs": "five"})
+    with pytest.raises(ParameterError, match="--param Epoch: unknown parameter; expected one of"):
+        resolve({"Parameters": declared, "Steps": []}, {"Epoch": "1"})
 
 
 def test_graph_orders_by_data_dependencies_and_depends_on():
@@ -153,3 +154,22 @@ def test_graph_orders_by_data_dependencies_and_depends_on():
         )
     with pytest.raises(ExpressionError, match="step A: depends on unknown step Z"):
         StepGraph({"Steps": [{"Name": "A", "Type": "Processing", "Arguments": {"x": {"Get": "Steps.Z.Y"}}}]})
+
+
+def test_parameter_pairs_are_parsed_once_and_the_data_source_cannot_switch_form():
+    assert parse_pairs(["Epochs=3", "InputData=s3://b/k=v"]) == {"Epochs": "3", "InputData": "s3://b/k=v"}
+    for bad in ("Epochs", "=3"):
+        with pytest.raises(ParameterError, match="expected NAME=VALUE"):
+            parse_pairs([bad])
+    declared = [{"Name": "InputData", "Type": "String", "DefaultValue": "amazon_polarity"}]
+    staged = {"Get": "Parameters.InputData"}
+    with_s3 = {"Parameters": declared, "Steps": [
+        {"Name": "Tokenize", "Type": "Processing", "Arguments": {"ProcessingInputs": [{"S3Input": {"S3Uri": staged}}]}}
+    ]}
+    without = {"Parameters": declared, "Steps": [{"Name": "Tokenize", "Type": "Processing", "Arguments": {}}]}
+    assert resolve(without, {"InputData": "sample:100"})["InputData"] == "sample:100"
+    assert resolve(with_s3, {"InputData": "s3://b/new/"})["InputData"] == "s3://b/new/"
+    with pytest.raises(ParameterError, match="built for a Hub or sample data.source"):
+        resolve(without, {"InputData": "s3://b/new/"})
+    with pytest.raises(ParameterError, match="built for an s3:// data.source"):
+        resolve(with_s3, {"InputData": "amazon_polarity"})

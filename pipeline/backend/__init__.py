@@ -1,0 +1,55 @@
+"""Where the pipeline runs, behind one interface: SageMaker (`AwsBackend`) or this machine (`LocalBackend`).
+
+The CLI reads the config, calls a backend and hands the records it returns (pipeline.records) to pipeline.views;
+it never asks which backend it has.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from pipeline.records import Approval, Deployment, ExecutionView, OnUpdate, RunSummary, Upserted, VersionView
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
+    from pipeline.cost import ExecutionCost
+
+
+class Backend(Protocol):
+    """What the CLI can do with a pipeline, wherever it runs."""
+
+    cfg: Config
+
+    def upsert(self) -> Upserted: ...
+
+    def start(
+        self, parameters: dict[str, str], *, wait: bool, use_cache: bool, on_update: OnUpdate, poll: float
+    ) -> ExecutionView: ...
+
+    def execution(self, execution: str | None) -> ExecutionView: ...
+
+    def executions(self, limit: int) -> list[ExecutionView]: ...
+
+    def summary(self, execution: ExecutionView) -> RunSummary: ...
+
+    def versions(self, status: str | None) -> list[VersionView]: ...
+
+    def describe_version(self, version: int) -> dict: ...
+
+    def set_status(self, version: int, status: str, note: str) -> Approval: ...
+
+    def deploy(self, version: int) -> Deployment: ...
+
+    def cost(self, execution: str | None) -> ExecutionCost: ...
+
+
+def open_backend(cfg: Config, local: bool, root: Path | None = None) -> Backend:
+    """The local backend (rooted at `root`, default local.root) or SageMaker's."""
+    if local:
+        from pipeline.backend.local import LocalBackend
+
+        return LocalBackend(cfg, root)
+    from pipeline.backend.aws import AwsBackend
+
+    return AwsBackend(cfg)

@@ -1,0 +1,124 @@
+"""The commands that only make sense on AWS: `compare`, `triggers` (and `bootstrap`, in pipeline.infra)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipeline import views
+from pipeline.aws import Aws
+from pipeline.terminal import config, console, errors
+
+triggers_app = typer.Typer(help="EventBridge rules: deploy on approval, schedule, new data.", no_args_is_help=True)
+
+
+def compare(
+    instance_types: Annotated[
+        list[str] | None,
+        typer.Option("--instance-types", "-i", help="Instance types, the baseline first: -i A B C or -i A,B,C."),
+    ] = None,
+    more: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="TYPE_OR_JOB...", help="More instance types (or job names).", show_default=False),
+    ] = None,
+    jobs: Annotated[
+        list[str] | None, typer.Option("--jobs", help="Report on these training jobs (started by compare).")
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option(help="S3 prefix holding tokenized train/ validation/ test/ (default: latest run).")
+    ] = None,
+    max_steps: Annotated[int, typer.Option(help="Optimizer steps of every run.")] = 1000,
+    global_batch: Annotated[
+        int | None, typer.Option(help="Samples per optimizer step (default: the configured training's).")
+    ] = None,
+    max_device_batch: Annotated[int, typer.Option(help="Largest per-device batch; more uses grad accumulation.")] = 64,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the job requests; start nothing.")] = False,
+    out: Annotated[Path, typer.Option(help="Folder for compare.md, compare.json, compare.png.")] = Path("compare"),
+    wait_: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the jobs and write the report.")] = True,
+    poll: Annotated[float, typer.Option(help="Seconds between status polls.")] = 60.0,
+) -> None:
+    """Run the Train step alone once per instance type (same data, hyperparameters, global batch and steps) and
+    show wall time, billable time, samples/s, loss, accuracy and cost side by side, with ratios to the first."""
+    from pipeline import compare as cmp
+    from pipeline.definition import definition
+
+    cfg = config()
+    if jobs and instance_types:
+        raise cmp.CompareError("--jobs and --instance-types: expected one of them, not both")
+    aws = None
+    if jobs:
+        names = [*jobs, *(more or [])]
+    else:
+        types = [t for value in [*(instance_types or []), *(more or [])] for t in value.split(",") if t]
+        cmp.check_instance_types(types)
+        tokenized = cmp.tokenized_at(data) if data else None
+        dag = json.loads(definition(cfg))
+        if tokenized is None:
+            aws = Aws(cfg.aws.region)
+            tokenized = cmp.latest_tokenized(aws, cfg, dag)
+        planned = cmp.plan(cfg, dag, types, tokenized, max_steps=max_steps, global_batch=global_batch,
+                           max_device_batch=max_device_batch)
+        errors.print(f"{len(planned.requests)} job(s): global batch {planned.global_batch}, {planned.max_steps} steps, "
+                     f"data {tokenized['train'].rsplit('/', 1)[0]}")
+        if dry_run:
+            sys.stdout.write(json.dumps(planned.to_dict(), indent=2) + "\n")
+            return
+        aws = aws or Aws(cfg.aws.region)
+        names = cmp.start(aws, cfg, planned)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "requests.json").write_text(json.dumps(planned.to_dict(), indent=2) + "\n")
+        console.print(f"started {', '.join(names)}")
+        console.print(f"report later with: trainium-pipeline compare --out {out} --jobs {' '.join(names)}")
+        if not wait_:
+            return
+    aws = aws or Aws(cfg.aws.region)
+    if wait_:
+        with views.live(console, views.compare_status_table) as update:
+            described = cmp.wait(aws, names, update, poll)
+    else:
+        described = cmp.describe(aws, names)
+    result = cmp.report(aws, cfg, described)
+    console.print(views.compare_table(result))
+    for path in views.write_compare(result, out):
+        console.print(f"wrote {path}")
+
+
+@triggers_app.command("apply")
+def triggers_apply(
+    print_only: Annotated[bool, typer.Option("--print-only", help="Show the rules without creating them.")] = False,
+    print_policies: Annotated[
+        bool, typer.Option("--print-policies", help="Print the IAM policies the rules and the Lambda need.")
+    ] = False,
+) -> None:
+    """Create or update the rules of the `triggers` section (idempotent); a rule turned off is deleted."""
+    from pipeline import triggers
+    from pipeline.policies import policies
+
+    cfg = config()
+    if print_policies:
+        console.print_json(json.dumps(policies(cfg)))
+        return
+    for row in triggers.apply(cfg, None if print_only else Aws(cfg.aws.region), print_only):
+        console.print(f"{row['action']:>9}  {row['name']}")
+
+
+@triggers_app.command("list")
+def triggers_list() -> None:
+    """The rules that apply made, with their targets."""
+    from pipeline import triggers
+
+    cfg = config()
+    console.print_json(json.dumps(triggers.list_(cfg, Aws(cfg.aws.region)), default=str))
+
+
+@triggers_app.command("delete")
+def triggers_delete() -> None:
+    """Remove exactly the rules, targets and permission that apply made."""
+    from pipeline import triggers
+
+    cfg = config()
+    console.print(f"deleted: {', '.join(triggers.delete(cfg, Aws(cfg.aws.region))) or 'nothing'}")

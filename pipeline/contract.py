@@ -1,0 +1,80 @@
+"""The one home of the names and layouts that the pipeline, its step scripts and its readers agree on.
+
+Scripts under steps/ and training/ run inside AWS containers and cannot import this package: they keep their own
+copies of what they need, and tests/test_contract.py checks that every copy equals the value here.
+"""
+
+from __future__ import annotations
+
+# Steps of the DAG
+TOKENIZE, TRAIN, EVALUATE = "Tokenize", "Train", "Evaluate"
+ACCURACY_GATE, REGISTER, APPROVED_GATE, DEPLOY, ACCURACY_TOO_LOW = (
+    "AccuracyGate",
+    "RegisterModel",
+    "ApprovedGate",
+    "Deploy",
+    "AccuracyTooLow",
+)
+JOB_STEP_TYPES = ("Processing", "Training")
+
+# Pipeline parameters that code outside the DAG refers to
+INPUT_DATA = "InputData"
+ACCURACY_THRESHOLD = "AccuracyThreshold"
+ENDPOINT_NAME = "EndpointName"
+
+# Tokenize's outputs: the splits and its statistics
+SPLITS = ("train", "validation", "test")
+STATS_OUTPUT = "stats"
+TOKENIZE_OUTPUTS = (*SPLITS, STATS_OUTPUT)
+
+# The processing container's file system
+PROCESSING = "/opt/ml/processing"
+CODE_DIR = f"{PROCESSING}/input/code"
+DATA_DIR = f"{PROCESSING}/input/data"
+OUTPUT_DIR = f"{PROCESSING}/output"
+MODEL_DIR = f"{PROCESSING}/model"
+TEST_DIR = f"{PROCESSING}/test"
+EVALUATION_DIR = f"{PROCESSING}/evaluation"
+ENTRY_POINT = "run.py"  # steps/run.py STEP: the entry point of both processing steps
+CHECKPOINT_DIR = "/opt/ml/checkpoints"
+
+# Evaluate's report, which the gate and the registry read
+EVALUATION_OUTPUT = "evaluation"
+REPORT_FILE = "evaluation.json"
+PROPERTY_FILE = "EvaluationReport"
+ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
+QUANTIZE_PATH = "inference.quantize"
+
+# The training job: log lines -> metrics, files it writes, and where SageMaker puts them
+METRIC_DEFINITIONS = (
+    {"name": "train:loss", "regex": r"step=\d+ .*loss=([0-9.eE+-]+)"},
+    {"name": "train:samples_per_sec", "regex": r"samples_per_sec=([0-9.eE+-]+)"},
+    {"name": "train:learning_rate", "regex": r" lr=([0-9.eE+-]+)"},
+    {"name": "validation:accuracy", "regex": r"val_accuracy=([0-9.eE+-]+)"},
+    {"name": "test:accuracy", "regex": r"test_accuracy=([0-9.eE+-]+)"},
+)
+STATS_FILE = "training_stats.json"
+STATS_METRICS = {  # training_stats.json key -> the final metric that stands in for it
+    "samples_per_sec": "train:samples_per_sec",
+    "train_loss": "train:loss",
+    "val_accuracy": "validation:accuracy",
+    "test_accuracy": "test:accuracy",
+}
+PREDICTIONS_FILE = "predictions/test.parquet"  # in the model artifact: the Train step's test predictions
+MODEL_ARCHIVE, OUTPUT_ARCHIVE = "model.tar.gz", "output.tar.gz"
+
+
+def job_output(s3_output_path: str, job_name: str, archive: str) -> str:
+    """Where SageMaker puts a training job's model.tar.gz or output.tar.gz."""
+    return f"{s3_output_path.rstrip('/')}/{job_name}/output/{archive}"
+
+
+# The Model Registry
+PENDING, APPROVED, REJECTED = "PendingManualApproval", "Approved", "Rejected"
+APPROVAL_STATUSES = (APPROVED, PENDING, REJECTED)
+MODEL_PACKAGE_EVENT = "SageMaker Model Package State Change"
+
+# The endpoint
+MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time inference's request limit
+CONTENT_TYPES = ("application/json", "text/csv", "text/plain")
+RESPONSE_TYPES = ("application/json", "application/jsonlines")

@@ -1,0 +1,87 @@
+"""What the backends return and the views show: executions, steps, model versions, deployments.
+
+Both backends speak in these records, so that one view shows either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepView:
+    name: str
+    status: str
+    type: str = ""
+    started: str = ""
+    seconds: float | None = None
+    note: str = ""  # failure reason, "cache hit", condition outcome
+    details: dict = field(default_factory=dict)  # SageMaker's step Metadata, or the local step's properties
+
+
+@dataclass
+class ExecutionView:
+    id: str
+    arn: str
+    pipeline: str
+    status: str
+    started: str = ""
+    ended: str = ""
+    steps: list[StepView] | None = None  # None: the endpoint cannot list them (moto)
+    parameters: dict[str, str] = field(default_factory=dict)
+    failure_reason: str = ""
+    display_name: str = ""
+
+
+@dataclass
+class VersionView:
+    version: int
+    status: str
+    accuracy: float | str | None
+    created: str
+    note: str = ""
+    arn: str = ""
+
+
+@dataclass
+class Deployment:
+    endpoint: str
+    action: str  # created | updated | unchanged | in progress
+    where: str  # the local URL, or the endpoint config on SageMaker
+
+
+@dataclass
+class Approval:
+    version: VersionView
+    deployment: Deployment | None = None  # approving deploys at once where nothing else does (locally)
+    hint: str = ""
+
+
+@dataclass
+class Upserted:
+    action: str  # created | updated
+    pipeline_arn: str
+    uploaded: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    deploy_function: str = ""
+    steps: dict[str, list[str]] = field(default_factory=dict)  # added / removed / changed
+
+
+@dataclass
+class RunSummary:
+    """What a finished run tells its user: the gate's accuracy, the failures, the new version, the endpoint."""
+
+    execution: ExecutionView
+    accuracy: float | None = None
+    threshold: Any = None
+    failures: list[tuple[str, str, list[str]]] = field(default_factory=list)  # step, reason, last log lines
+    registered: VersionView | None = None
+    group: str = ""
+    deployment: Deployment | None = None
+    artifacts: str = ""
+    approve_hint: str = ""
+
+
+OnUpdate = Callable[[ExecutionView], None]
