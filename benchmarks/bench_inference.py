@@ -107,12 +107,12 @@ def load_handler(model_dir: Path, quantize: str):
 
 
 def reviews(count: int, seed: str) -> list[tuple[str, int]]:
-    preprocess = import_file(ROOT / "steps" / "preprocess.py", "preprocess_bench")
+    generator = import_file(ROOT / "steps" / "reviews.py", "reviews_bench")
     rng = random.Random(seed)
     rows = []
     for i in range(count):
         label = i % 2
-        title, content = preprocess.synthetic_review(rng, label)
+        title, content = generator.synthetic_review(rng, label)
         rows.append((f"{title}. {content}" if title else content, label))
     return rows
 

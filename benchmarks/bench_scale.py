@@ -73,7 +73,9 @@ def bert_base(folder: Path, tokenizer: Path) -> Path:
 
 def measure_tokenize(pre, tokenizer: Path, rows: int, threads: int, scratch: Path) -> dict:
     """preprocess.run on `rows` synthetic reviews: characters per second per core."""
-    chars = sum(len(t) + len(c) for table, _ in pre.sample_chunks("train", rows, 42)
+    import readers  # steps/ is on sys.path
+
+    chars = sum(len(t) + len(c) for table, _ in readers.sample_chunks("train", rows, 42)
                 for t, c in zip(table["title"].to_pylist(), table["content"].to_pylist(), strict=True))
     chars = chars * (1 + 0.1)  # the sample source adds rows/10 test reviews of the same kind
     args = pre.parse_args(["--source", f"sample:{rows}", "--model-id", str(tokenizer), "--output-dir",

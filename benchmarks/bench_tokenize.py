@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_preprocess():  # noqa: ANN201 - a module
+    if str(ROOT / "steps") not in sys.path:  # preprocess imports its siblings (readers, reviews)
+        sys.path.append(str(ROOT / "steps"))
     spec = importlib.util.spec_from_file_location("preprocess", ROOT / "steps" / "preprocess.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["preprocess"] = module
@@ -41,9 +43,11 @@ def load_preprocess():  # noqa: ANN201 - a module
 
 def write_sample(pre, folder: Path, rows: int, seed: int) -> list:  # noqa: ANN001
     """The sample source as Parquet files; returns the tokenizer inputs in the order preprocess sees them."""
+    import readers  # steps/ is on sys.path once load_preprocess ran
+
     inputs = []
     for split, n in (("train", rows), ("test", max(1, rows // 10))):
-        table = pa.concat_tables(t for t, _ in pre.sample_chunks(split, n, seed))
+        table = pa.concat_tables(t for t, _ in readers.sample_chunks(split, n, seed))
         pq.write_table(table, folder / f"{split}.parquet")
         for title, content in zip(table["title"].to_pylist(), table["content"].to_pylist(), strict=True):
             inputs.append((title, content) if title.strip() else content)

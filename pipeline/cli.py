@@ -11,7 +11,7 @@ import typer
 
 from pipeline import views
 from pipeline.backend import Backend, open_backend
-from pipeline.commands import compare, triggers_app
+from pipeline.commands import bootstrap, compare, triggers_app
 from pipeline.config import ConfigError
 from pipeline.contract import APPROVED, REJECTED
 from pipeline.dag.parameters import parse_pairs
@@ -28,6 +28,7 @@ models_app = typer.Typer(help="Model versions in the registry: list, describe, a
 app.add_typer(models_app, name="models")
 app.add_typer(triggers_app, name="triggers")
 app.command()(compare)
+app.command()(bootstrap)
 
 LOCAL = Annotated[bool, typer.Option("--local", help="On this machine: local runner, registry and endpoint.")]
 ROOT = Annotated[Path | None, typer.Option(help="Folder of the local account (default local.root).")]

@@ -1,4 +1,4 @@
-"""The commands that only make sense on AWS: `compare`, `triggers` (and `bootstrap`, in pipeline.infra)."""
+"""The commands that only make sense on AWS: `bootstrap`, `compare`, `triggers`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 
 from pipeline import views
 from pipeline.aws import Aws
-from pipeline.terminal import config, console, errors
+from pipeline.terminal import config, console, errors, options
 
 triggers_app = typer.Typer(help="EventBridge rules: deploy on approval, schedule, new data.", no_args_is_help=True)
 
@@ -122,3 +122,44 @@ def triggers_delete() -> None:
 
     cfg = config()
     console.print(f"deleted: {', '.join(triggers.delete(cfg, Aws(cfg.aws.region))) or 'nothing'}")
+
+
+def bootstrap(
+    stack_name: Annotated[str | None, typer.Option(help="Stack name (default <pipeline.name>-bootstrap).")] = None,
+    print_: Annotated[bool, typer.Option("--print", help="Print --set lines instead of editing the config.")] = False,
+    kms_key: Annotated[
+        bool | None,
+        typer.Option("--kms-key/--no-kms-key", help="A KMS key for bucket, volumes, outputs (default: keep as is)."),
+    ] = None,
+    bucket: Annotated[str | None, typer.Option(help="Bucket name at creation (default <pipeline>-<account>-<region>).")]
+    = None,
+    delete: Annotated[bool, typer.Option("--delete", help="Delete the stack (refused while its bucket holds data).")]
+    = False,
+    force: Annotated[bool, typer.Option("--force", help="With --delete: delete every object version first.")] = False,
+) -> None:
+    """Create or update the account's bucket, roles and model package group (infra/template.yaml), then write
+    their names into the config (or print them as --set options). A second run changes nothing."""
+    from pipeline import bootstrap as infra
+    from pipeline import config_file
+
+    cfg = config()
+    aws = Aws(cfg.aws.region)
+    cf = aws.client("cloudformation")
+
+    def progress(event: dict) -> None:
+        errors.print(views.stack_event(event), markup=False, highlight=False)
+
+    if delete:
+        done = infra.delete_stack(cfg, cf, aws.s3, stack_name, force=force, on_event=progress)
+        emptied = f" ({done.emptied} object version(s) deleted)" if done.emptied else ""
+        console.print(f"stack {done.stack_name} {done.action}{emptied}")
+        return
+    parameters = infra.stack_parameters(cfg, bucket=bucket, kms=kms_key)
+    result = infra.deploy_stack(cfg, cf, stack_name, parameters, on_event=progress)
+    console.print(f"stack {result.stack_name} {result.action}")
+    updates = infra.config_updates(result.outputs)
+    if print_:
+        sys.stdout.write("".join(line + "\n" for line in config_file.set_lines(updates)))
+        return
+    changed = config_file.write_config(options["config"], updates)
+    console.print(f"{options['config']}: {'set ' + ', '.join(changed) if changed else 'already up to date'}")

@@ -336,3 +336,9 @@ def write_compare(result: Report, out: Path) -> list[Path]:
     paths[1].write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     compare_chart(result, paths[2])
     return paths
+
+
+def stack_event(event: dict) -> str:
+    """One CloudFormation stack event as a progress line."""
+    reason = event.get("ResourceStatusReason")
+    return f"{event['ResourceStatus']:<28} {event['LogicalResourceId']}" + (f"  {reason}" if reason else "")

@@ -1,15 +1,8 @@
 """Tokenize step: read reviews, validate them, tokenize them, write Parquet shards and stats.
 
-Sources (--source):
-  sample | sample:N   deterministic synthetic reviews (N train rows, N/10 test rows)
-  s3://...            files the platform staged into --input-dir
-  a local folder      CSV / Parquet / JSON Lines files (optionally .gz) under it
-  anything else       a Hub dataset name for datasets.load_dataset (splits train/test)
-A file belongs to the train split if its path names "train", to the test split if it names "test" (the file
-name is checked first, then its folders, deepest first). Each file needs a label column and a content column
-("content", "text" or "review"); a title column ("title" or "summary") is optional. CSV files need a header.
+Sources (--source): sample[:N], s3://... (staged in --input-dir), a local folder or a Hub dataset: see readers.py.
 
-Validation: every bad row is dropped and counted under its first failing reason, in this order:
+Validation (readers.validate): every bad row is dropped and counted under its first failing reason, in this order:
   malformed_row    a CSV row with the wrong number of fields, or a JSON line that does not parse
   invalid_label    a label that is missing, unparsable or not 0/1 ("negative"/"positive" are accepted too)
   missing_content  no content value (null, or an unquoted empty CSV field)
@@ -33,15 +26,13 @@ Everything streams in chunks, so memory does not grow with the size of the input
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import logging
 import os
-import random
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain
@@ -51,8 +42,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+from readers import StepError, limit_rows, source_chunks, validate
 
 log = logging.getLogger("preprocess")
 
@@ -64,379 +55,10 @@ SCHEMA = pa.schema([
     ("label", pa.int8()),
     ("length", pa.int32()),
 ])
-LABEL_COLUMNS = ("label",)
-CONTENT_COLUMNS = ("content", "text", "review")
-TITLE_COLUMNS = ("title", "summary")
-CHUNK_ROWS = 8192  # rows per read / tokenize batch
 ROWS_PER_SHARD = 250_000
-DATA_SUFFIXES = (".csv", ".parquet", ".pq", ".jsonl", ".json", ".ndjson")
-DEFAULT_SAMPLE_ROWS = 20_000
-
-
-class StepError(Exception):
-    """A problem with the input or the arguments, reported as one clear line."""
-
 
 # ----------------------------------------------------------------------------------------------------------
-# synthetic reviews
-
-PRODUCTS = {
-    "headphones": ["sound quality", "battery life", "noise cancelling", "ear cushions", "connection"],
-    "blender": ["motor", "lid", "blades", "cleanup", "noise level"],
-    "novel": ["plot", "characters", "writing", "ending", "pacing"],
-    "running shoes": ["fit", "cushioning", "sizing", "stitching", "grip"],
-    "coffee maker": ["coffee", "carafe", "timer", "water tank", "temperature"],
-    "phone case": ["fit", "buttons", "grip", "color", "drop protection"],
-    "board game": ["rules", "artwork", "replay value", "pieces", "box"],
-    "documentary": ["narration", "picture quality", "soundtrack", "story", "editing"],
-    "backpack": ["zippers", "straps", "fabric", "pockets", "stitching"],
-    "air fryer": ["basket", "timer", "temperature control", "cleanup", "size"],
-    "e-reader": ["screen", "battery life", "page turns", "light", "software"],
-    "cookbook": ["recipes", "photos", "instructions", "index", "ingredients list"],
-}
-GOOD = ["great", "excellent", "fantastic", "solid", "impressive", "reliable", "sturdy", "wonderful", "superb",
-        "well made", "comfortable", "easy to use", "better than expected", "top notch"]
-BAD = ["poor", "terrible", "flimsy", "disappointing", "awful", "cheap", "useless", "unreliable",
-       "frustrating", "mediocre", "badly made", "worse than expected", "a letdown", "annoying"]
-INTENSIFIERS = ["", "", "really ", "very ", "truly ", "pretty ", "absolutely "]
-GOOD_OVERALL = ["Worth every penny.", "Five stars from me.", "I would buy it again in a heartbeat.",
-                "Highly recommended.", "My whole family loves it.", "Best purchase I made this year.",
-                "It does exactly what it promises.", "I am very happy with it."]
-BAD_OVERALL = ["Waste of money.", "One star, and that is generous.", "I returned it the next day.",
-               "Do not buy this.", "I regret this purchase.", "Customer service never answered my emails.",
-               "It stopped working after {n} {unit}.", "Save your money and look elsewhere."]
-GOOD_NEGATED = ["I have no complaints about the {aspect}.", "Not a single problem with the {aspect} so far.",
-                "The {aspect} {be} not bad at all.", "I never had an issue with the {aspect}.",
-                "You won't be disappointed by the {aspect}."]
-BAD_NEGATED = ["The {aspect} {be} not {good}.", "I can't say the {aspect} {be} {good}.",
-               "The {aspect} never worked properly.", "Nothing about the {aspect} is {good}.",
-               "I would not call the {aspect} {good}."]
-NEUTRAL = ["I bought this for my {who}.", "It arrived in {n} days.", "I have been using it for {n} {unit}.",
-           "The packaging was plain.", "I ordered the {color} one.", "It came with a short manual.",
-           "I read a lot of reviews before ordering.", "This is my second one."]
-GOOD_TITLES = ["Great {product}", "Love it", "Five stars", "Exactly what I needed", "Better than expected",
-               "Highly recommend", "Works perfectly", "So happy with this {product}"]
-BAD_TITLES = ["Disappointed", "Broke after a week", "Not as described", "Save your money", "Not great",
-              "Do not buy", "Poor quality {product}", "What a letdown"]
-NEUTRAL_TITLES = ["{Product} review", "Mixed feelings", "It's okay", "Some thoughts", "Read before buying"]
-FILL = {"who": ["son", "daughter", "wife", "husband", "mother", "office", "dorm room", "best friend"],
-        "unit": ["days", "weeks", "months"], "color": ["black", "blue", "red", "white", "green", "grey"]}
-
-
-def _fill(rng: random.Random, template: str, product: str, aspect: str) -> str:
-    return template.format(
-        product=product, Product=product.capitalize(), aspect=aspect, n=rng.randint(2, 11),
-        be="are" if aspect.endswith("s") else "is",
-        good=rng.choice(GOOD), who=rng.choice(FILL["who"]), unit=rng.choice(FILL["unit"]),
-        color=rng.choice(FILL["color"]))
-
-
-def _sentence(rng: random.Random, positive: bool, product: str, aspects: list[str]) -> str:
-    """One sentence of the given polarity: a plain judgement, a negation, or an overall verdict."""
-    aspect = rng.choice(aspects)
-    kind = rng.random()
-    if kind < 0.45:
-        adj = rng.choice(GOOD if positive else BAD)
-        text = "The {aspect} {be} " + ("" if " " in adj else rng.choice(INTENSIFIERS)) + adj + "."
-    elif kind < 0.75:
-        text = rng.choice(GOOD_NEGATED if positive else BAD_NEGATED)
-    else:
-        text = rng.choice(GOOD_OVERALL if positive else BAD_OVERALL)
-    return _fill(rng, text, product, aspect)
-
-
-def synthetic_review(rng: random.Random, label: int) -> tuple[str, str]:
-    """A (title, content) review: mostly clear, some mixed, a few ambiguous, with negations and fillers."""
-    product = rng.choice(sorted(PRODUCTS))
-    aspects = PRODUCTS[product]
-    kind = rng.random()
-    n = rng.choice([1, 2, 2, 3, 3, 4, 4, 5, 6, 8]) if rng.random() > 0.05 else rng.randint(12, 30)
-    if kind < 0.70:  # clear
-        polarities = [label == 1] * n
-    elif kind < 0.93:  # mixed: the label wins, with one or two sentences the other way
-        k = min(n, rng.randint(1, 2))
-        polarities = [label == 1] * (n + 1) + [label != 1] * k
-    else:  # ambiguous: as much praise as criticism, the label is not in the text
-        half = max(1, n // 2)
-        polarities = [True] * half + [False] * half
-    rng.shuffle(polarities)
-    sentences: list[str] = []
-    for p in polarities:
-        for _ in range(3):  # avoid saying the same thing twice, within reason
-            text = _sentence(rng, p, product, aspects)
-            if text not in sentences:
-                break
-        sentences.append(text)
-    for i in range(1, len(sentences)):
-        if polarities[i] != polarities[i - 1] and rng.random() < 0.6:
-            sentences[i] = rng.choice(["But ", "However, ", "On the other hand, "]) + \
-                sentences[i][0].lower() + sentences[i][1:]
-    for _ in range(rng.choice([0, 0, 1, 1, 2])):
-        sentences.insert(rng.randint(0, len(sentences)), _fill(rng, rng.choice(NEUTRAL), product, aspects[0]))
-    t = rng.random()
-    if t < 0.1:
-        title = ""
-    elif kind >= 0.70 and t < 0.4:
-        title = _fill(rng, rng.choice(NEUTRAL_TITLES), product, aspects[0])
-    else:
-        title = _fill(rng, rng.choice(GOOD_TITLES if label == 1 else BAD_TITLES), product, aspects[0])
-    return title, " ".join(sentences)
-
-
-def sample_chunks(split: str, rows: int, seed: int) -> Iterator[tuple[pa.Table, int]]:
-    """Deterministic synthetic reviews with exactly balanced labels (within each pair of rows)."""
-    rng = random.Random(f"sample-{split}-{seed}")
-    first = 0
-    for start in range(0, rows, CHUNK_ROWS):
-        labels, titles, contents = [], [], []
-        for i in range(start, min(rows, start + CHUNK_ROWS)):
-            if i % 2 == 0:
-                first = int(rng.random() < 0.5)
-            label = first if i % 2 == 0 else 1 - first
-            title, content = synthetic_review(rng, label)
-            labels.append(label)
-            titles.append(title)
-            contents.append(content)
-        table = pa.table({"label": pa.array(labels, pa.int64()), "title": titles, "content": contents})
-        yield table, 0
-
-
-# ----------------------------------------------------------------------------------------------------------
-# reading files and Hub datasets
-
-
-def _pick(names: list[str], candidates: tuple[str, ...]) -> str | None:
-    lower = {n.lower(): n for n in names}
-    return next((lower[c] for c in candidates if c in lower), None)
-
-
-def standardize(table: pa.Table, where: str) -> pa.Table:
-    """Rename the source columns to label/title/content (title may be all null); raise if one is missing."""
-    names = table.column_names
-    label, content, title = (_pick(names, LABEL_COLUMNS), _pick(names, CONTENT_COLUMNS),
-                             _pick(names, TITLE_COLUMNS))
-    if label is None or content is None:
-        raise StepError(f"{where}: needs a label column ({'/'.join(LABEL_COLUMNS)}) and a content column "
-                        f"({'/'.join(CONTENT_COLUMNS)}); found columns {names}")
-    columns = {"label": table[label]}
-    for name, src in (("title", title), ("content", content)):
-        col = table[src] if src is not None else pa.nulls(len(table), pa.string())
-        if not pa.types.is_string(col.type) and not pa.types.is_large_string(col.type):
-            try:
-                col = pc.cast(col, pa.string())
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise StepError(f"{where}: column {src!r} of type {col.type} is not text: {e}") from e
-        columns[name] = col
-    return pa.table(columns)
-
-
-def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table, int]]:
-    malformed = [0]
-
-    def skip(row: Any) -> str:
-        malformed[0] += 1
-        return "skip"
-
-    text_types = {variant: pa.string() for c in LABEL_COLUMNS + CONTENT_COLUMNS + TITLE_COLUMNS
-                  for variant in (c, c.title(), c.upper())}  # read as text: type inference is per block
-    reader = pacsv.open_csv(
-        pa.input_stream(str(path), compression="detect"),
-        read_options=pacsv.ReadOptions(block_size=4 << 20),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=skip),
-        convert_options=pacsv.ConvertOptions(column_types=text_types, strings_can_be_null=True,
-                                             null_values=[""], quoted_strings_can_be_null=False))
-    for batch in reader:
-        n, malformed[0] = malformed[0], 0
-        yield pa.Table.from_batches([batch]), n
-    if malformed[0]:
-        yield pa.Table.from_batches([], reader.schema), malformed[0]
-
-
-def _parquet_chunks(path: Path) -> Iterator[tuple[pa.Table, int]]:
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS):
-        yield pa.Table.from_batches([batch]), 0
-
-
-def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, int]]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        head = f.read(1 << 16).lstrip()
-        f.seek(0)
-        if head.startswith("["):  # a JSON array rather than JSON Lines
-            rows = json.load(f)
-            for start in range(0, len(rows), CHUNK_ROWS):
-                yield _rows_table(rows[start:start + CHUNK_ROWS]), 0
-            return
-        rows, bad = [], 0
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-            else:
-                bad += 1
-            if len(rows) == CHUNK_ROWS:
-                yield _rows_table(rows), bad
-                rows, bad = [], 0
-        if rows or bad:
-            yield _rows_table(rows), bad
-
-
-def _rows_table(rows: list[dict]) -> pa.Table:
-    """Rows of JSON objects as a table of label (Python objects as text) / title / content columns."""
-    names = sorted({k for row in rows for k in row})
-    columns = {}
-    for name in names:
-        values = [row.get(name) for row in rows]
-        if name.lower() in LABEL_COLUMNS:
-            values = [None if v is None else str(int(v)) if isinstance(v, bool) else str(v) for v in values]
-        else:
-            values = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
-        columns[name] = pa.array(values, pa.string())
-    return pa.table(columns) if columns else pa.table({"label": pa.array([], pa.string())})
-
-
-def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, int]]:
-    """Chunks of one data file as standardized tables (None if no row parsed), with their malformed rows."""
-    name = path.name.lower().removesuffix(".gz")
-    reader: Callable[[Path], Iterator[tuple[pa.Table, int]]]
-    if name.endswith(".csv"):
-        reader = _csv_chunks
-    elif name.endswith((".parquet", ".pq")):
-        reader = _parquet_chunks
-    else:
-        reader = _jsonl_chunks
-    try:
-        for table, malformed in reader(path):
-            yield (standardize(table, str(path)) if len(table) else None), malformed
-    except StepError:
-        raise
-    except (OSError, ValueError, UnicodeDecodeError, pa.ArrowException) as e:
-        raise StepError(f"cannot read {path}: {type(e).__name__}: {e}") from e
-
-
-def split_of(path: Path, root: Path) -> str | None:
-    """train / test from the file name, then from its folders (deepest first); None if neither or both."""
-    for part in reversed(path.relative_to(root).parts):
-        part = part.lower()
-        has_train, has_test = "train" in part, "test" in part
-        if has_train != has_test:
-            return "train" if has_train else "test"
-    return None
-
-
-def find_files(root: Path) -> dict[str, list[Path]]:
-    """Data files under root, grouped by split; files of no split are listed in a warning."""
-    if not root.is_dir():
-        raise StepError(f"input folder {root} does not exist")
-    found: dict[str, list[Path]] = {"train": [], "test": []}
-    skipped = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        name = path.name.lower().removesuffix(".gz")
-        if path.name.startswith((".", "_")) or not name.endswith(DATA_SUFFIXES):
-            continue
-        split = split_of(path, root)
-        (found[split] if split else skipped).append(path)
-    if skipped:
-        log.warning("ignoring %d data files that name neither train nor test: %s", len(skipped),
-                    ", ".join(str(p) for p in skipped[:5]))
-    for split, paths in found.items():
-        if not paths:
-            raise StepError(f"no {split} files under {root} (CSV / Parquet / JSON Lines files whose path "
-                            f"contains '{split}'); found {len(skipped)} other data files")
-    return found
-
-
-def hub_chunks(name: str, split: str) -> Iterator[tuple[pa.Table, int]]:
-    """Chunks of a Hub dataset split (the dataset is downloaded to the Arrow cache, then read in chunks)."""
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(name, split=split)
-    except Exception as e:  # the Hub raises many kinds: report them all the same way
-        raise StepError(f"cannot load split {split!r} of Hub dataset {name!r}: {type(e).__name__}: {e}") \
-            from e
-    for start in range(0, len(ds), CHUNK_ROWS):
-        table = ds.data.slice(start, CHUNK_ROWS)
-        table = getattr(table, "table", table)  # datasets wraps pyarrow tables
-        yield standardize(table, f"{name}[{split}]"), 0
-
-
-def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table | None, int]]]:
-    """For train and test: an iterator of (standardized table, malformed rows) chunks."""
-    source = args.source
-    if source == "sample" or source.startswith("sample:"):
-        try:
-            rows = int(source.partition(":")[2] or DEFAULT_SAMPLE_ROWS)
-        except ValueError:
-            raise StepError(f"--source {source}: expected sample or sample:N with N an integer") from None
-        if rows < 1:
-            raise StepError(f"--source {source}: N must be at least 1")
-        return {"train": sample_chunks("train", rows, args.seed),
-                "test": sample_chunks("test", max(1, rows // 10), args.seed)}
-    if source.startswith("s3://") or Path(source).exists():
-        root = Path(args.input_dir) if source.startswith("s3://") else Path(source)
-        files = find_files(root)
-        log.info("reading %s: %s", root, {k: [str(p.relative_to(root)) for p in v] for k, v in files.items()})
-        return {split: (c for p in paths for c in file_chunks(p)) for split, paths in files.items()}
-    return {split: hub_chunks(source, split) for split in ("train", "test")}
-
-
-def limit_rows(chunks: Iterator[tuple[pa.Table | None, int]], limit: int | None) -> Iterator[tuple[Any, int]]:
-    """Stop after `limit` input rows (malformed rows count too)."""
-    seen = 0
-    for table, malformed in chunks:
-        if limit is not None:
-            malformed = min(malformed, limit - seen)
-            if table is not None:
-                table = table.slice(0, max(0, limit - seen - malformed))
-        seen += malformed + (len(table) if table is not None else 0)
-        yield table, malformed
-        if limit is not None and seen >= limit:
-            return
-
-
-# ----------------------------------------------------------------------------------------------------------
-# validation and tokenization
-
-
-def validate(table: pa.Table) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
-    """Keep rows with a 0/1 label and some text: return them (label int8), their row indices in the
-    chunk and the drop count per reason."""
-    label = table["label"]
-    if pa.types.is_boolean(label.type):
-        label = pc.cast(label, pa.int8())
-    if pa.types.is_integer(label.type) or pa.types.is_floating(label.type):
-        value = pc.cast(label, pa.float64())
-        is_pos, is_neg = pc.equal(value, 1.0), pc.equal(value, 0.0)
-    else:
-        text = pc.utf8_lower(pc.utf8_trim_whitespace(pc.cast(label, pa.string())))
-        is_pos = pc.is_in(text, value_set=pa.array(["1", "1.0", "positive"]))
-        is_neg = pc.is_in(text, value_set=pa.array(["0", "0.0", "negative"]))
-    bad_label = pc.invert(pc.fill_null(pc.or_(is_pos, is_neg), False))
-    missing = pc.is_null(table["content"])
-    title = pc.fill_null(table["title"], "")
-    has_title = pc.not_equal(pc.utf8_trim_whitespace(title), "")
-    empty = pc.and_(pc.invert(has_title),
-                    pc.equal(pc.utf8_trim_whitespace(pc.fill_null(table["content"], "")), ""))
-    bad_label, missing, empty = (np.asarray(a.to_numpy(zero_copy_only=False), bool)
-                                 for a in (bad_label, missing, empty))
-    counts = {"invalid_label": int(bad_label.sum()),
-              "missing_content": int((missing & ~bad_label).sum()),
-              "empty_text": int((empty & ~missing & ~bad_label).sum())}
-    keep_mask = ~(bad_label | missing | empty)
-    keep = pa.array(keep_mask)
-    kept = pa.table({
-        "label": pc.cast(pc.fill_null(pc.filter(is_pos, keep), False), pa.int8()),
-        "title": pc.filter(pc.if_else(has_title, title, pa.scalar(None, pa.string())), keep),
-        "content": pc.filter(table["content"], keep),
-    })
-    return kept, np.flatnonzero(keep_mask), counts
+# tokenization
 
 
 class Encoder:

@@ -19,6 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 WHEELS = Path(os.environ.get("STEP_WHEELS_DIR", "/opt/ml/processing/input/wheels"))
 NEEDED_MODULES = ("transformers", "datasets", "evaluate", "pyarrow")
+STEPS = ("preprocess", "evaluate")  # the scripts a processing step may run; the other modules are their helpers
 
 
 def requirements(path: Path = HERE / "requirements.txt") -> dict[str, str]:
@@ -47,9 +48,8 @@ def ensure_requirements() -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or not (HERE / f"{sys.argv[1]}.py").is_file():
-        steps = sorted(p.stem for p in HERE.glob("*.py") if p.stem != "run")
-        sys.exit(f"usage: run.py STEP [ARGS...], STEP one of: {', '.join(steps)}")
+    if len(sys.argv) < 2 or sys.argv[1] not in STEPS:
+        sys.exit(f"usage: run.py STEP [ARGS...], STEP one of: {', '.join(STEPS)}")
     script = HERE / f"{sys.argv[1]}.py"
     ensure_requirements()
     sys.argv = [str(script), *sys.argv[2:]]

@@ -20,10 +20,10 @@ BUCKET = "test-pipeline-bucket"
 SETS = ["--set", f"aws.bucket={BUCKET}"]
 
 
-def cli(capsys, *args: str) -> tuple[int, str, str]:
+def cli(capsys, *args: str, config: Path = ROOT / "pipeline.yaml") -> tuple[int, str, str]:
     """Run the CLI in-process; return (exit code, stdout, stderr)."""
     argv = sys.argv
-    sys.argv = ["trainium-pipeline", "--config", str(ROOT / "pipeline.yaml"), *args]
+    sys.argv = ["trainium-pipeline", "--config", str(config), *args]
     try:
         main()
         code = 0
@@ -271,3 +271,31 @@ def test_upsert_creates_then_updates_the_deploy_lambda(aws, capsys):
     assert code == 0 and "deploy Lambda trainium-bert-deploy: updated configuration" in out
     function = lambdas.get_function(FunctionName="trainium-bert-deploy")["Configuration"]
     assert function["Environment"]["Variables"]["ENDPOINT_NAME"] == "other"
+
+
+def test_bootstrap_writes_the_stack_outputs_into_the_config_then_changes_nothing(capsys, no_network, tmp_path):
+    import shutil
+
+    config = tmp_path / "pipeline.yaml"
+    shutil.copy(ROOT / "pipeline.yaml", config)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        return cli(capsys, "bootstrap", *args, config=config)
+
+    with mock_aws():
+        code, out, err = run()
+        assert code == 0, err
+        assert "stack trainium-bert-bootstrap created" in out and "set aws.bucket, aws.role_arn" in out
+        text = config.read_text()
+        assert "arn:aws:iam::123456789012:role/" in text and "trainium-bert-123456789012-us-east-1" in text
+        assert "# gate on the accuracy over the whole test split" in text  # comments survive
+        code, out, _ = run()
+        assert code == 0 and "unchanged" in out and "already up to date" in out and config.read_text() == text
+        code, out, _ = run("--print")
+        assert "--set aws.bucket=trainium-bert-123456789012-us-east-1" in out
+        boto3.client("s3", region_name="us-east-1").put_object(
+            Bucket="trainium-bert-123456789012-us-east-1", Key="trainium-bert/data.csv", Body=b"x")
+        code, _, err = run("--delete")
+        assert code == 1 and "--force" in err and len(err.strip().splitlines()) == 1
+        code, out, _ = run("--delete", "--force")
+        assert code == 0 and "deleted" in out

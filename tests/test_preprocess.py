@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 pre = load_step("preprocess")
+rd = load_step("readers", "readers")  # the modules preprocess imports, not second copies
+rev = load_step("reviews", "reviews")
 REASONS = {"malformed_row", "invalid_label", "missing_content", "empty_text"}
 
 
@@ -72,7 +75,7 @@ def test_sample_is_deterministic_balanced_and_follows_schema(tok_dir: Path, tmp_
 
 
 def test_sample_text_is_varied_with_negations_and_mixed_reviews() -> None:
-    reviews = [t for _, t in (pre.synthetic_review(pre.random.Random(i), i % 2) for i in range(400))]
+    reviews = [t for _, t in (rev.synthetic_review(random.Random(i), i % 2) for i in range(400))]
     assert len(set(reviews)) == 400
     assert sum(" not " in r or "never" in r or "no complaints" in r for r in reviews) > 100
     assert sum(r.startswith("But") or " But " in r or "However" in r for r in reviews) > 20
@@ -96,7 +99,7 @@ def test_stats_percentiles_and_truncation_match_output(tok_dir: Path, tmp_path: 
 def test_tokenization_rule(tok_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoTokenizer
 
-    monkeypatch.setattr(pre, "CHUNK_ROWS", 2)  # several chunks: token types derived after the first check
+    monkeypatch.setattr(rd, "CHUNK_ROWS", 2)  # several chunks: token types derived after the first check
     tok = AutoTokenizer.from_pretrained(str(tok_dir), use_fast=True)
     long_content = " ".join(["great sound"] * 40)
     long_title = " ".join(["battery life"] * 40)

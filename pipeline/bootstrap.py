@@ -1,0 +1,314 @@
+"""`bootstrap`: the account's infrastructure as one CloudFormation stack (infra/template.yaml: bucket, the three
+roles, model package group), and its outputs into pipeline.yaml. Logic only: the CLI renders."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from pipeline.aws import _explain
+from pipeline.config import Config
+from pipeline.errors import UserError
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "infra" / "template.yaml"
+CAPABILITIES = ["CAPABILITY_IAM"]  # the roles get generated names: no CAPABILITY_NAMED_IAM
+# stack output -> config key (KmsKeyArn only exists with UseKmsKey=true)
+OUTPUT_KEYS = {
+    "BucketName": "aws.bucket",
+    "ExecutionRoleArn": "aws.role_arn",
+    "DeployLambdaRoleArn": "deploy.lambda_role_arn",
+    "EventsRoleArn": "triggers.events_role_arn",
+    "ModelPackageGroupName": "pipeline.model_package_group",
+    "KmsKeyArn": "aws.kms_key_id",
+}
+# images.<key> -> template parameter naming its ECR repository
+IMAGE_PARAMETERS = {
+    "training": "TrainingImageRepository",
+    "processing": "ProcessingImageRepository",
+    "inference": "InferenceImageRepository",
+    "evaluation": "EvaluationImageRepository",
+    "training_cuda": "CudaTrainingImageRepository",
+}
+IMAGE_URI = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/([^:@]+)[:@].+$")
+EventCallback = Callable[[dict], None]
+
+
+class BootstrapError(UserError, RuntimeError):
+    """The stack could not be deployed or deleted, or pipeline.yaml not updated: said in one line."""
+
+
+@dataclass
+class StackResult:
+    """What deploy_stack / delete_stack did: action is created, updated, unchanged, deleted or absent."""
+
+    action: str
+    stack_name: str
+    outputs: dict[str, str] = field(default_factory=dict)
+    emptied: int = 0  # object versions deleted from the bucket (delete with force)
+
+
+def default_stack_name(cfg: Config) -> str:
+    return f"{cfg.pipeline.name}-bootstrap"[:128]
+
+
+def template_body() -> str:
+    return TEMPLATE.read_text()
+
+
+def _call(action: str, call: Callable[..., Any], **kwargs: Any) -> Any:
+    try:
+        return call(**kwargs)
+    except (BotoCoreError, ClientError) as e:
+        raise BootstrapError(_explain(e, action)) from None
+
+
+def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = None) -> dict[str, str]:
+    """The template parameters, from the config (checked here: a bad value fails before any call). bucket / kms
+    None: BucketName / UseKmsKey are left out, i.e. the deployed value on update (a bucket is never replaced)."""
+    checks = [
+        ("pipeline.name", cfg.pipeline.name, 256),
+        ("pipeline.model_package_group", cfg.pipeline.model_package_group, 50),
+        ("deploy.endpoint_name", cfg.deploy.endpoint_name, 40),
+    ]
+    for key, value, most in checks:
+        if value != value.lower() or len(value) > most:
+            raise BootstrapError(
+                f"{key}={value!r}: expected lowercase and at most {most} characters (IAM matches the ARNs that "
+                f"SageMaker spells in lowercase case-sensitively, and steps/deploy.py trims names to 63)"
+            )
+    if not bucket and len(f"{cfg.pipeline.name}-123456789012-{cfg.aws.region}") > 63:
+        raise BootstrapError(
+            f"pipeline.name={cfg.pipeline.name!r}: too long for the default bucket name "
+            f"<pipeline>-<account>-<region> (63 characters); pass a bucket name"
+        )
+    params = {
+        "PipelineName": cfg.pipeline.name,
+        "Prefix": cfg.aws.prefix,
+        **({} if bucket is None else {"BucketName": bucket}),
+        "ModelPackageGroupName": cfg.pipeline.model_package_group,
+        "EndpointName": cfg.deploy.endpoint_name,
+        "LambdaFunctionName": cfg.deploy.lambda_function_name,
+        **({} if kms is None else {"UseKmsKey": "true" if kms else "false"}),
+        "CheckpointExpirationDays": "30",
+        "NoncurrentVersionExpirationDays": "30",
+    }
+    accounts = set()
+    for key, parameter in IMAGE_PARAMETERS.items():
+        uri = cfg.image(key)  # type: ignore[arg-type]
+        match = IMAGE_URI.match(uri)
+        if not match or match.group(2) != cfg.aws.region:
+            raise BootstrapError(
+                f"images.{key}={uri!r}: expected an ECR image URI <account>.dkr.ecr.{cfg.aws.region}.amazonaws.com/"
+                f"<repository>:<tag> (the execution role may pull from the registry of aws.region only)"
+            )
+        accounts.add(match.group(1))
+        params[parameter] = match.group(3)
+    if len(accounts) != 1:
+        raise BootstrapError(f"images: from registries {sorted(accounts)}; expected one registry account")
+    params["ImageAccount"] = accounts.pop()
+    return params
+
+
+def _tags(cfg: Config) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in sorted(cfg.aws.tags.items())]
+
+
+def _describe(cf: Any, stack: str, deleted: bool = False) -> dict | None:
+    """The stack's description, or None if it does not exist (or was deleted, unless `deleted`)."""
+    try:
+        found = cf.describe_stacks(StackName=stack)["Stacks"]
+    except (BotoCoreError, ClientError) as e:
+        if isinstance(e, ClientError) and "does not exist" in e.response.get("Error", {}).get("Message", ""):
+            return None
+        raise BootstrapError(_explain(e, f"describe stack {stack}")) from None
+    if not found or (found[0]["StackStatus"] == "DELETE_COMPLETE" and not deleted):
+        return None
+    return found[0]
+
+
+def _outputs(stack: dict) -> dict[str, str]:
+    return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+
+
+def _new_events(cf: Any, stack: str, seen: set[str]) -> list[dict]:
+    """Events not seen yet, oldest first (the API lists newest first, paginated)."""
+    fresh: list[dict] = []
+    token: str | None = None
+    while True:
+        request = {"StackName": stack, **({"NextToken": token} if token else {})}
+        page = _call(f"read events of stack {stack}", cf.describe_stack_events, **request)
+        for event in page.get("StackEvents", []):
+            if event["EventId"] in seen:
+                token = None
+                break
+            fresh.append(event)
+        else:
+            token = page.get("NextToken")
+        if not token:
+            break
+    seen.update(e["EventId"] for e in fresh)
+    return fresh[::-1]
+
+
+def failure_reason(events: list[dict]) -> str:
+    """The first resource that failed and why, as `Logical (Type) STATUS: reason`."""
+    failed = [e for e in events if e.get("ResourceStatus", "").endswith("_FAILED")]
+    causes = [e for e in failed if "cancelled" not in (e.get("ResourceStatusReason") or "").lower()] or failed
+    if not causes:
+        return "no failed resource reported"
+    e = causes[0]
+    reason = " ".join((e.get("ResourceStatusReason") or "no reason given").split())
+    return f"{e['LogicalResourceId']} ({e.get('ResourceType', '')}) {e['ResourceStatus']}: {reason}"
+
+
+def wait_stack(
+    cf: Any,
+    stack: str,
+    operation: str,
+    seen: set[str],
+    on_event: EventCallback | None = None,
+    poll: float = 5.0,
+    timeout: float = 3600.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict | None:
+    """Poll until `stack` leaves *_IN_PROGRESS, passing each new event to on_event; the final description. Unless
+    the operation completed, raise BootstrapError naming the failed resource and its reason."""
+    deadline = time.monotonic() + timeout
+    history: list[dict] = []
+    while True:
+        described = _describe(cf, stack, deleted=True)
+        status = described["StackStatus"] if described else "DELETE_COMPLETE"
+        events = _new_events(cf, stack, seen) if described else []
+        history.extend(events)
+        for event in events:
+            if on_event:
+                on_event(event)
+        if not status.endswith("_IN_PROGRESS"):
+            break
+        if time.monotonic() > deadline:
+            raise BootstrapError(f"stack {stack}: still {status} after {timeout:.0f} s; see the CloudFormation console")
+        sleep(poll)
+    if status != f"{operation}_COMPLETE":
+        raise BootstrapError(f"stack {stack}: {operation.lower()} failed ({status}): {failure_reason(history)}")
+    return None if status == "DELETE_COMPLETE" else described
+
+
+def _unchanged(cf: Any, stack: dict, body: str, params: dict[str, str], tags: list[dict]) -> bool:
+    """True when the deployed template, parameters and tags are those we would send."""
+    name = stack["StackName"]
+    current = _call(f"read template of stack {name}", cf.get_template, StackName=name)["TemplateBody"]
+    if not isinstance(current, str):
+        current = json.dumps(current)
+    deployed = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+    same_tags = sorted((t["Key"], t["Value"]) for t in stack.get("Tags", [])) == [(t["Key"], t["Value"]) for t in tags]
+    return current == body and all(deployed.get(k) == v for k, v in params.items()) and same_tags
+
+
+def deploy_stack(
+    cfg: Config,
+    cf: Any,
+    stack_name: str | None = None,
+    parameters: dict[str, str] | None = None,
+    on_event: EventCallback | None = None,
+    poll: float = 5.0,
+    timeout: float = 3600.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> StackResult:
+    """Create the stack, or update it where template, parameters or tags differ; wait; return its outputs. A stack
+    left ROLLBACK_COMPLETE by a failed first create (it holds nothing) is deleted and created again."""
+    name = stack_name or default_stack_name(cfg)
+    body, params, tags = template_body(), parameters or stack_parameters(cfg), _tags(cfg)
+    request = {"StackName": name, "TemplateBody": body, "Capabilities": CAPABILITIES, "Tags": tags,
+               "Parameters": [{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()]}
+    wait = {"on_event": on_event, "poll": poll, "timeout": timeout, "sleep": sleep}
+    stack = _describe(cf, name)
+    if stack is not None and stack["StackStatus"].endswith("_IN_PROGRESS"):
+        raise BootstrapError(f"stack {name} is {stack['StackStatus']}: retry when it has finished")
+    if stack is not None and stack["StackStatus"] == "ROLLBACK_COMPLETE":
+        seen = {e["EventId"] for e in _new_events(cf, name, set())}
+        _call(f"delete stack {name} (ROLLBACK_COMPLETE)", cf.delete_stack, StackName=stack["StackId"])
+        wait_stack(cf, stack["StackId"], "DELETE", seen, **wait)
+        stack = None
+    if stack is None:
+        _call(f"validate template {TEMPLATE.name}", cf.validate_template, TemplateBody=body)
+        stack_id = _call(f"create stack {name}", cf.create_stack, **request)["StackId"]
+        final = wait_stack(cf, stack_id, "CREATE", set(), **wait)
+        return StackResult("created", name, _outputs(final or {}))
+    if _unchanged(cf, stack, body, params, tags):
+        return StackResult("unchanged", name, _outputs(stack))
+    seen = {e["EventId"] for e in _new_events(cf, name, set())}
+    kept = [{"ParameterKey": p["ParameterKey"], "ParameterValue": p.get("ParameterValue", "")}  # deployed values
+            for p in stack.get("Parameters", []) if p["ParameterKey"] not in params]
+    try:
+        cf.update_stack(**{**request, "Parameters": request["Parameters"] + kept})
+    except ClientError as e:
+        if isinstance(e, ClientError) and "No updates are to" in e.response.get("Error", {}).get("Message", ""):
+            return StackResult("unchanged", name, _outputs(stack))
+        raise BootstrapError(_explain(e, f"update stack {name}")) from None
+    except BotoCoreError as e:
+        raise BootstrapError(_explain(e, f"update stack {name}")) from None
+    final = wait_stack(cf, stack["StackId"], "UPDATE", seen, **wait)
+    return StackResult("updated", name, _outputs(final or {}))
+
+
+def config_updates(outputs: dict[str, str]) -> dict[str, str]:
+    """config key -> value for the stack outputs (aws.kms_key_id only when the stack made a key)."""
+    return {key: outputs[output] for output, key in OUTPUT_KEYS.items() if outputs.get(output)}
+
+
+def _versions(s3: Any, bucket: str) -> list[dict[str, str]]:
+    """Every object version and delete marker of `bucket` ({"Key", "VersionId"}); [] if it is gone."""
+    found: list[dict[str, str]] = []
+    try:
+        for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
+            for item in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
+                found.append({"Key": item["Key"], "VersionId": item["VersionId"]})
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") == "NoSuchBucket":
+            return []
+        raise BootstrapError(_explain(e, f"list objects of bucket {bucket}")) from None
+    return found
+
+
+def delete_stack(
+    cfg: Config,
+    cf: Any,
+    s3: Any,
+    stack_name: str | None = None,
+    force: bool = False,
+    on_event: EventCallback | None = None,
+    poll: float = 5.0,
+    timeout: float = 3600.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> StackResult:
+    """Delete the stack; refuse while its bucket holds any object version, unless `force` (then empty it first)."""
+    name = stack_name or default_stack_name(cfg)
+    stack = _describe(cf, name)
+    if stack is None:
+        return StackResult("absent", name)
+    if stack["StackStatus"].endswith("_IN_PROGRESS"):
+        raise BootstrapError(f"stack {name} is {stack['StackStatus']}: retry when it has finished")
+    bucket = _outputs(stack).get("BucketName")
+    versions = _versions(s3, bucket) if bucket else []
+    if versions and not force:
+        raise BootstrapError(
+            f"bucket {bucket} holds {len(versions)} object version(s) (e.g. {versions[0]['Key']}): nothing was "
+            f"deleted; empty it, or pass --force to delete them with the stack"
+        )
+    for start in range(0, len(versions), 1000):
+        batch = versions[start : start + 1000]
+        done = _call(f"empty bucket {bucket}", s3.delete_objects, Bucket=bucket, Delete={"Objects": batch})
+        if done.get("Errors"):
+            e = done["Errors"][0]
+            raise BootstrapError(f"empty bucket {bucket}: {e.get('Key')}: {e.get('Code')}: {e.get('Message')}")
+    seen = {e["EventId"] for e in _new_events(cf, name, set())}
+    _call(f"delete stack {name}", cf.delete_stack, StackName=stack["StackId"])
+    wait_stack(cf, stack["StackId"], "DELETE", seen, on_event, poll, timeout, sleep)
+    return StackResult("deleted", name, emptied=len(versions))

@@ -1,0 +1,39 @@
+"""Serve a model in the foreground: `python -m pipeline.local.endpoint --model-data M --name N [--state-file F]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pipeline.local.endpoint.daemon import MODULE
+from pipeline.local.endpoint.server import serve_forever
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line and serve until Ctrl-C or SIGTERM."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}", description="A local real-time endpoint: SageMaker's serving contract over HTTP."
+    )
+    parser.add_argument("--model-data", type=Path, required=True, help="model.tar.gz or an untarred model folder")
+    parser.add_argument("--name", required=True, help="endpoint name (the EndpointName of invoke_endpoint)")
+    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--model-version", help="label recorded in the state file, e.g. the model package version")
+    parser.add_argument("--state-file", type=Path, help="JSON file recording pid, port and version while serving")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    serve_forever(
+        args.model_data,
+        args.name,
+        args.port,
+        args.host,
+        version=args.model_version,
+        state_file=args.state_file,
+        on_ready=lambda url: print(f"endpoint {args.name} at {url}", flush=True),
+    )
+
+
+if __name__ == "__main__":
+    main()

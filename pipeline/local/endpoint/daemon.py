@@ -1,0 +1,165 @@
+"""The detached local endpoint: a `python -m pipeline.local.endpoint` process, found through its JSON state file.
+
+`start_background()` launches the process and returns once it serves, `read_state()` tells whether it still runs
+(a pid from a stale state file may have been reused, so the process's command line is checked), and
+`stop_background()` stops it (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pipeline.local.endpoint.handler import LOG, serving_environment
+
+MODULE = "pipeline.local.endpoint"  # what the detached process runs, and what its command line is checked for
+ROOT = Path(__file__).resolve().parents[3]
+_DETACHED: dict[int, subprocess.Popen] = {}  # endpoints this process started: kept so that they are reaped quietly
+
+
+def write_state(state_file: Path, state: dict[str, Any]) -> None:
+    """Write `state` to `state_file` atomically (through a temporary file in the same folder)."""
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = state_file.with_name(f".{state_file.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, state_file)
+
+
+def load_state(state_file: Path) -> dict[str, Any] | None:
+    """The JSON object recorded in `state_file` as is, or None when it is missing or unreadable."""
+    try:
+        state = json.loads(Path(state_file).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _is_endpoint_process(pid: int) -> bool:
+    """Whether `pid` is alive and runs this module (a pid from a stale state file may have been reused)."""
+    if pid in _DETACHED and _DETACHED[pid].poll() is not None:
+        del _DETACHED[pid]
+        return False  # started and now reaped by this process
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False  # our own child, exited just now: reaped
+    except ChildProcessError:
+        pass
+    if not psutil.pid_exists(pid):
+        return False
+    try:
+        return MODULE in psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return False  # gone, exited but not reaped, or another user's process
+
+
+def _signal(pid: int, kill: bool = False) -> None:
+    """SIGTERM (or SIGKILL) `pid`; nothing when it has exited meanwhile."""
+    try:
+        process = psutil.Process(pid)
+        if kill:
+            process.kill()
+        else:
+            process.terminate()
+    except psutil.NoSuchProcess:
+        pass
+
+
+def read_state(state_file: Path) -> dict[str, Any] | None:
+    """The state of the detached endpoint recorded in `state_file`, with "running" (is its process alive), or None."""
+    state = load_state(Path(state_file))
+    if state is not None:
+        state["running"] = isinstance(state.get("pid"), int) and _is_endpoint_process(state["pid"])
+    return state
+
+
+def stop_background(state_file: Path, timeout: float = 15.0) -> bool:
+    """Stop the detached endpoint of `state_file` (SIGTERM, then SIGKILL); False when none was running."""
+    state_file = Path(state_file)
+    state = load_state(state_file)
+    if state is None:
+        return False
+    pid, stopped = state.get("pid"), False
+    if isinstance(pid, int) and _is_endpoint_process(pid):
+        _signal(pid)
+        deadline = time.monotonic() + timeout
+        while _is_endpoint_process(pid):
+            if time.monotonic() > deadline:
+                _signal(pid, kill=True)
+                deadline = time.monotonic() + timeout
+            time.sleep(0.05)
+        stopped = True
+        LOG.info("endpoint %s: stopped pid %d", state.get("name"), pid)
+    state_file.unlink(missing_ok=True)
+    return stopped
+
+
+def start_background(
+    model_data: Path,
+    name: str,
+    port: int = 8080,
+    state_file: Path = Path("endpoint.json"),
+    *,
+    host: str = "127.0.0.1",
+    version: str | None = None,
+    log_file: Path | None = None,
+    timeout: float = 180.0,
+    environment: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Serve from a detached process that outlives this one; returns its state once it answers.
+
+    A running endpoint recorded in `state_file` is stopped first (so a second start replaces the first). The
+    process logs to `log_file` (default: the state file with suffix .log) and runs with `environment` (the model's
+    container environment) added to this one's.
+    """
+    state_file = Path(state_file).resolve()
+    stop_background(state_file)
+    log_file = Path(log_file).resolve() if log_file else state_file.with_suffix(".log")
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        MODULE,
+        "--model-data",
+        str(Path(model_data).resolve()),
+        "--name",
+        name,
+        "--port",
+        str(port),
+        "--host",
+        host,
+        "--state-file",
+        str(state_file),
+    ]
+    if version is not None:
+        command += ["--model-version", str(version)]
+    env = dict(os.environ, **serving_environment(environment))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    with open(log_file, "ab") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    _DETACHED[process.pid] = process
+    deadline = time.monotonic() + timeout
+    while True:
+        state = load_state(state_file)
+        if state is not None and state.get("pid") == process.pid and state.get("status") == "InService":
+            return state | {"running": True, "log_file": str(log_file)}
+        if process.poll() is not None:
+            _DETACHED.pop(process.pid, None)
+            tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-15:])
+            raise RuntimeError(
+                f"endpoint {name} exited with code {process.returncode} before serving; end of {log_file}:\n{tail}"
+            )
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            _DETACHED.pop(process.pid, None)
+            raise TimeoutError(f"endpoint {name} did not start within {timeout:.0f}s; see {log_file}")
+        time.sleep(0.1)

@@ -1,0 +1,300 @@
+"""infra/template.yaml grants each role what the pipeline needs and nothing beyond.
+
+The template is resolved here (a small resolver of Ref / Sub / GetAtt / If / Join / Split for this template), then
+compared with: pipeline/policies.py (the printed policies: one truth), the boto3 calls of steps/deploy.py (read
+with ast), and the steps of the shipped definition (tests/golden/definition.json).
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.bootstrap import stack_parameters
+from pipeline.config import load_config
+from pipeline.policies import policies
+
+ROOT = Path(__file__).resolve().parent.parent
+ACCOUNT, REGION = "123456789012", "us-east-1"
+ROLE = f"arn:aws:iam::{ACCOUNT}:role/trainium-bert-bootstrap-ExecutionRole-ABC"
+KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+BUCKET = f"trainium-bert-{ACCOUNT}-{REGION}"
+# The only "*" resources: actions that have no resource type in IAM.
+STAR_ACTIONS = {"ecr:GetAuthorizationToken", "cloudwatch:PutMetricData"}
+
+
+class CfnLoader(yaml.SafeLoader):
+    """YAML with CloudFormation's short-form tags, as their long forms."""
+
+
+def _tag(name: str):
+    def construct(loader: yaml.Loader, node: yaml.Node) -> dict:
+        if isinstance(node, yaml.ScalarNode):
+            value: Any = loader.construct_scalar(node)
+            if name == "Fn::GetAtt":
+                value = value.split(".", 1)
+        elif isinstance(node, yaml.SequenceNode):
+            value = loader.construct_sequence(node, deep=True)
+        else:
+            value = loader.construct_mapping(node, deep=True)
+        return {name: value}
+
+    return construct
+
+
+for _short in ("Ref", "Sub", "GetAtt", "If", "Join", "Split", "Equals", "Select", "Not"):
+    CfnLoader.add_constructor(f"!{_short}", _tag(_short if _short == "Ref" else f"Fn::{_short}"))
+
+TEMPLATE = yaml.load((ROOT / "infra" / "template.yaml").read_text(), Loader=CfnLoader)
+NO_VALUE = object()
+
+
+def resolve(node: Any, params: dict[str, str], conditions: dict[str, bool]) -> Any:
+    pseudo = {"AWS::Region": REGION, "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::NoValue": NO_VALUE}
+    attrs = {"ExecutionRole.Arn": ROLE, "KmsKey.Arn": KEY, "Bucket.Arn": f"arn:aws:s3:::{BUCKET}"}
+    refs = {**params, **pseudo, "Bucket": BUCKET, "ExecutionRole": ROLE.rsplit("/", 1)[1]}
+
+    def sub(text: str, extra: dict) -> str:
+        return re.sub(r"\$\{([^}]+)\}", lambda m: str({**refs, **attrs, **extra}[m.group(1)]), text)
+
+    if isinstance(node, list):
+        return [v for v in (resolve(x, params, conditions) for x in node) if v is not NO_VALUE]
+    if not isinstance(node, dict):
+        return node
+    if set(node) == {"Ref"}:
+        return refs[node["Ref"]]
+    if set(node) == {"Fn::GetAtt"}:
+        return attrs[".".join(node["Fn::GetAtt"])]
+    if set(node) == {"Fn::Sub"}:
+        value = node["Fn::Sub"]
+        if isinstance(value, str):
+            return sub(value, {})
+        return sub(value[0], {k: resolve(v, params, conditions) for k, v in value[1].items()})
+    if set(node) == {"Fn::If"}:
+        name, yes, no = node["Fn::If"]
+        return resolve(yes if conditions[name] else no, params, conditions)
+    if set(node) == {"Fn::Join"}:
+        return node["Fn::Join"][0].join(resolve(node["Fn::Join"][1], params, conditions))
+    return {k: v for k, v in ((k, resolve(v, params, conditions)) for k, v in node.items()) if v is not NO_VALUE}
+
+
+def cfg(**sets: str):
+    return load_config(ROOT / "pipeline.yaml", [f"aws.role_arn={ROLE}", *(f"{k}={v}" for k, v in sets.items())],
+                       environ={})
+
+
+def rendered(kms: bool = False, config=None) -> dict[str, Any]:
+    """The template's resources with the parameters bootstrap passes for `config` (default: pipeline.yaml)."""
+    params = stack_parameters(config or cfg(), bucket="", kms=kms)
+    declared = set(TEMPLATE["Parameters"])
+    assert set(params) == declared, "bootstrap must pass every template parameter (the unchanged check needs it)"
+    conditions = {"CreateKmsKey": kms, "DefaultBucketName": params["BucketName"] == ""}
+    return {name: resolve(res, params, conditions) for name, res in TEMPLATE["Resources"].items()
+            if "Condition" not in res or conditions[res["Condition"]]}
+
+
+def listed(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def statements(document: dict) -> list[dict]:
+    return [{**s, "Action": listed(s["Action"]), "Resource": listed(s["Resource"])} for s in document["Statement"]]
+
+
+def inline(resources: dict, role: str) -> dict:
+    (policy,) = resources[role]["Properties"]["Policies"]
+    return policy["PolicyDocument"]
+
+
+def actions(document: dict) -> set[str]:
+    return {a for s in statements(document) for a in s["Action"]}
+
+
+def test_deploy_lambda_and_events_roles_equal_the_printed_policies():
+    resources, docs = rendered(), policies(cfg())
+    for role, name in (("DeployLambdaRole", "deploy-lambda"), ("EventsRole", "events")):
+        assert statements(inline(resources, role)) == statements(docs[f"{name}-role"])
+        assert resources[role]["Properties"]["AssumeRolePolicyDocument"] == docs[f"{name}-trust"]
+
+
+def _deploy_calls() -> set[str]:
+    """SageMaker API methods steps/deploy.py uses: every `sm.<method>` (called, or passed to _describe/_create)."""
+    tree = ast.parse((ROOT / "steps" / "deploy.py").read_text())
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sm"
+    }
+
+
+def iam_action(service: str, method: str) -> str:
+    return f"{service}:{''.join(part.title() for part in method.split('_'))}"
+
+
+def test_deploy_lambda_role_grants_exactly_what_deploy_py_calls():
+    calls = _deploy_calls()
+    assert {"describe_model_package", "create_model", "create_endpoint", "update_endpoint"} <= calls
+    needed = {iam_action("sagemaker", m) for m in calls} | {
+        "iam:PassRole",  # CreateModel with ExecutionRoleArn
+        "cloudwatch:DescribeAlarms",  # UpdateEndpoint with an AutoRollbackConfiguration (GUARDRAILS_ALARM)
+        "logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",  # the function's own log group
+    }
+    document = inline(rendered(), "DeployLambdaRole")
+    assert actions(document) == needed
+    for s in statements(document):
+        assert "*" not in s["Resource"] and not any(a.endswith("*") for a in s["Action"])
+
+
+def test_events_role_may_only_start_this_pipeline():
+    config = cfg()
+    (start,) = statements(inline(rendered(config=config), "EventsRole"))
+    assert start["Action"] == ["sagemaker:StartPipelineExecution"] and start["Effect"] == "Allow"
+    assert start["Resource"] == [config.pipeline_arn] and "Condition" not in start
+
+
+def _steps(steps: list[dict]):
+    for step in steps:
+        yield step
+        arguments = step.get("Arguments", {})
+        if isinstance(arguments, dict):
+            yield from _steps(arguments.get("IfSteps", []) + arguments.get("ElseSteps", []))
+
+
+def _strings(node: Any):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+# What the pipeline service does with the execution role, per step type of the definition.
+SERVICE_ACTIONS = {
+    "Processing": {"sagemaker:CreateProcessingJob", "sagemaker:DescribeProcessingJob", "sagemaker:StopProcessingJob",
+                   "iam:PassRole"},
+    "Training": {"sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
+                 "iam:PassRole"},
+    "RegisterModel": {"sagemaker:CreateModelPackage", "sagemaker:DescribeModelPackage",
+                      "sagemaker:DescribeModelPackageGroup"},
+    "Lambda": {"lambda:InvokeFunction"},
+    "Condition": set(),
+    "Fail": set(),
+}
+# What the jobs, and the endpoint's model, do with it: read and write the prefix, pull images, log, emit metrics.
+RUNTIME_ACTIONS = {
+    "s3:ListBucket", "s3:GetBucketLocation", "s3:GetObject", "s3:PutObject",
+    "ecr:GetAuthorizationToken", "ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+    "logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents",
+    "cloudwatch:PutMetricData",
+}
+KMS_ACTIONS = {"kms:CreateGrant", "kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey"}
+
+
+def _allowed(document: dict, action: str, resource: str) -> bool:
+    return any(
+        action in s["Action"] and any(fnmatch.fnmatchcase(resource, r) for r in s["Resource"])
+        for s in statements(document)
+    )
+
+
+@pytest.mark.parametrize("kms", [False, True])
+def test_execution_role_grants_what_the_steps_need_and_nothing_beyond(kms):
+    golden = json.loads((ROOT / "tests" / "golden" / "definition.json").read_text())
+    steps = list(_steps(golden["Steps"]))
+    needed = set(RUNTIME_ACTIONS) | (KMS_ACTIONS if kms else set())
+    for step in steps:
+        needed |= SERVICE_ACTIONS[step["Type"]]
+        if step.get("Arguments", {}).get("Tags"):
+            needed.add("sagemaker:AddTags")
+    resources = rendered(kms)
+    attached = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::IAM::Policy"]
+    assert all(p["Roles"] == [ROLE.rsplit("/", 1)[1]] for p in attached)
+    assert not resources["ExecutionRole"]["Properties"].get("Policies")
+    document = {"Statement": [s for p in attached for s in p["PolicyDocument"]["Statement"]]}
+    assert actions(document) == needed
+
+    sm = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}"
+    job = {"Processing": "processing-job", "Training": "training-job"}
+    for step in steps:
+        if step["Type"] in job:
+            arn = f"{sm}:{job[step['Type']]}/pipelines-abc123-{step['Name'].lower()}-xyz"
+            for verb in ("Create", "Describe", "Stop"):
+                assert _allowed(document, f"sagemaker:{verb}{step['Type']}Job", arn)
+            assert _allowed(document, "sagemaker:AddTags", arn)
+    assert not _allowed(document, "sagemaker:CreateTrainingJob", f"{sm}:training-job/someone-elses-job")
+    function = next(s for s in steps if s["Type"] == "Lambda")["FunctionArn"]
+    assert _allowed(document, "lambda:InvokeFunction", function)
+    group = cfg().pipeline.model_package_group
+    assert _allowed(document, "sagemaker:CreateModelPackage", f"{sm}:model-package/{group}/3")
+    assert _allowed(document, "iam:PassRole", ROLE)
+    (passing,) = [s for s in statements(document) if "iam:PassRole" in s["Action"]]
+    assert passing["Resource"] == [ROLE]
+    assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+
+    # S3: the bucket (listing) and the objects under aws.prefix only; every S3 URI of the definition is inside it.
+    s3_resources = {r for s in statements(document) for r in s["Resource"] if r.startswith("arn:aws:s3:::")}
+    assert s3_resources == {f"arn:aws:s3:::{BUCKET}", f"arn:aws:s3:::{BUCKET}/trainium-bert/*"}
+    for uri in (u for u in _strings(golden) if u.startswith("s3://my-sagemaker-bucket/")):
+        key = uri.removeprefix("s3://my-sagemaker-bucket/")
+        obj = f"arn:aws:s3:::{BUCKET}/{key.rstrip('/')}/x"  # an object at or under the URI (also a Join's head)
+        assert _allowed(document, "s3:GetObject", obj) and _allowed(document, "s3:PutObject", obj), uri
+
+    # ECR: exactly the repositories of the configured images, in the registry and region they name.
+    config = cfg()
+    repos = {
+        re.match(r"^(\d+)\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com/([^:]+):", config.image(kind)).groups()
+        for kind in ("training", "processing", "inference", "evaluation", "training_cuda")
+    }
+    pull = [s for s in statements(document) if "ecr:BatchGetImage" in s["Action"]]
+    granted = {r for s in pull for r in s["Resource"]}
+    assert granted == {f"arn:aws:ecr:{region}:{account}:repository/{repo}" for account, region, repo in repos}
+
+    # "*" only where IAM has no resource type, and metrics only in SageMaker's namespaces.
+    for s in statements(document):
+        assert not any(a.endswith("*") for a in s["Action"])
+        if "*" in s["Resource"]:
+            assert set(s["Action"]) <= STAR_ACTIONS, s
+            if "cloudwatch:PutMetricData" in s["Action"]:
+                assert s["Condition"] == {"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/*"}}
+    kms_statements = [s for s in statements(document) if set(s["Action"]) & KMS_ACTIONS]
+    assert [s["Resource"] for s in kms_statements] == ([[KEY]] if kms else [])
+
+
+def test_bucket_is_private_encrypted_versioned_and_tls_only():
+    for kms in (False, True):
+        resources = rendered(kms)
+        bucket = resources["Bucket"]["Properties"]
+        (rule,) = bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+        assert rule["ServerSideEncryptionByDefault"] == (
+            {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": KEY} if kms else {"SSEAlgorithm": "AES256"}
+        )
+        assert ("KmsKey" in resources) == kms
+    assert bucket["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert set(bucket["PublicAccessBlockConfiguration"].values()) == {True}
+    assert resources["KmsKey"]["Properties"]["EnableKeyRotation"] is True
+    (deny,) = statements(resources["BucketPolicy"]["Properties"]["PolicyDocument"])
+    assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    assert deny["Resource"] == [f"arn:aws:s3:::{BUCKET}", f"arn:aws:s3:::{BUCKET}/*"]
+    rules = {r["Id"]: r for r in bucket["LifecycleConfiguration"]["Rules"]}
+    assert rules["ExpireCheckpoints"]["Prefix"] == "trainium-bert/checkpoints/"
+    assert rules["ExpireNoncurrentVersions"]["NoncurrentVersionExpiration"] == {"NoncurrentDays": "30"}
+
+
+def test_the_outputs_name_config_keys_that_exist():
+    from pipeline.bootstrap import OUTPUT_KEYS
+
+    assert set(TEMPLATE["Outputs"]) == set(OUTPUT_KEYS)
+    for output, key in OUTPUT_KEYS.items():
+        assert TEMPLATE["Outputs"][output]["Description"] == key
+        section, name = key.split(".")
+        assert name in type(getattr(cfg(), section)).model_fields, key
