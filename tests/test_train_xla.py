@@ -8,6 +8,7 @@ Needs torch_xla (skipped without it), e.g. in a separate venv:
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,8 @@ def test_compiled_graphs_are_one_per_length_bucket_and_never_recompiled(tmp_path
     batches = train.train_batches(lengths, 8, seed=3, epoch=0, rank=0, world_size=1)
     used = {train.pad_length(int(lengths[b].max()), stats["length_buckets"], 1) for b in batches}
     assert used == {32, 64, 128}
+    if os.environ.get("KEEP_ARTIFACT_DIR"):  # CI serves this artifact under the inference image's transformers
+        shutil.copytree(tmp_path / "model", os.environ["KEEP_ARTIFACT_DIR"], dirs_exist_ok=True)
 
     per_epoch = stats["compile_count_per_epoch"]
     assert per_epoch[0] == len(used) + FIXED_TRAIN_GRAPHS, stats
