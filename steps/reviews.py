@@ -9,19 +9,22 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-PRODUCTS = {
-    "headphones": ["sound quality", "battery life", "noise cancelling", "ear cushions", "connection"],
-    "blender": ["motor", "lid", "blades", "cleanup", "noise level"],
-    "novel": ["plot", "characters", "writing", "ending", "pacing"],
-    "running shoes": ["fit", "cushioning", "sizing", "stitching", "grip"],
-    "coffee maker": ["coffee", "carafe", "timer", "water tank", "temperature"],
-    "phone case": ["fit", "buttons", "grip", "color", "drop protection"],
-    "board game": ["rules", "artwork", "replay value", "pieces", "box"],
-    "documentary": ["narration", "picture quality", "soundtrack", "story", "editing"],
-    "backpack": ["zippers", "straps", "fabric", "pockets", "stitching"],
-    "air fryer": ["basket", "timer", "temperature control", "cleanup", "size"],
-    "e-reader": ["screen", "battery life", "page turns", "light", "software"],
-    "cookbook": ["recipes", "photos", "instructions", "index", "ingredients list"],
+PRODUCTS = {  # product: the aspects a review of it talks about
+    name: aspects.split(", ")
+    for name, _, aspects in (line.partition(": ") for line in """
+headphones: sound quality, battery life, noise cancelling, ear cushions, connection
+blender: motor, lid, blades, cleanup, noise level
+novel: plot, characters, writing, ending, pacing
+running shoes: fit, cushioning, sizing, stitching, grip
+coffee maker: coffee, carafe, timer, water tank, temperature
+phone case: fit, buttons, grip, color, drop protection
+board game: rules, artwork, replay value, pieces, box
+documentary: narration, picture quality, soundtrack, story, editing
+backpack: zippers, straps, fabric, pockets, stitching
+air fryer: basket, timer, temperature control, cleanup, size
+e-reader: screen, battery life, page turns, light, software
+cookbook: recipes, photos, instructions, index, ingredients list
+""".strip().splitlines())
 }
 GOOD = ["great", "excellent", "fantastic", "solid", "impressive", "reliable", "sturdy", "wonderful", "superb",
         "well made", "comfortable", "easy to use", "better than expected", "top notch"]
