@@ -105,6 +105,7 @@ def test_start_passes_parameters_and_status_reads_them_back(aws, capsys):
         ("Epochs=three", "--param Epochs='three': expected a Integer"),
         ("Epoch=3", "--param Epoch: unknown parameter; expected one of AccuracyThreshold"),
         ("Epochs", "expected NAME=VALUE"),
+        ("InputData=s3://bkt/polarity/", "built for a Hub or sample data.source, so its Tokenize step has no S3 input"),
     ],
 )
 def test_start_rejects_bad_parameters_before_calling_aws(aws, capsys, param, message):
@@ -299,3 +300,13 @@ def test_bootstrap_writes_the_stack_outputs_into_the_config_then_changes_nothing
         assert code == 1 and "--force" in err and len(err.strip().splitlines()) == 1
         code, out, _ = run("--delete", "--force")
         assert code == 0 and "deleted" in out
+
+
+def test_run_local_refuses_an_input_data_of_the_other_form_before_running_anything(capsys, tmp_path):
+    code, _, err = cli(capsys, "run", "--local", "--root", str(tmp_path), "--param", "InputData=s3://bkt/polarity/")
+    assert code == 1 and "set data.source=s3://bkt/polarity/ and upsert again" in err
+    assert not list(tmp_path.rglob("execution.json"))
+    code, _, err = cli(capsys, "--set", "local.overrides.data.source=s3://bkt/polarity/", "run", "--local", "--root",
+                       str(tmp_path), "--param", "InputData=sample:100")
+    assert code == 1 and "stages InputData from S3; pass an s3:// URI" in err
+    assert not list(tmp_path.rglob("execution.json"))
