@@ -23,7 +23,8 @@ class AwsError(UserError, RuntimeError):
     """An expected AWS failure, explained in one line."""
 
 
-def _explain(error: Exception, action: str) -> str:
+def explain(error: Exception, action: str) -> str:
+    """One line: what failed (`action`) and why, in words a user can act on."""
     if isinstance(error, NoCredentialsError):
         return f"{action}: no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run aws configure)"
     if isinstance(error, NoRegionError):
@@ -50,7 +51,7 @@ def explained(action: str) -> Iterator[None]:
     try:
         yield
     except (BotoCoreError, ClientError) as e:
-        raise AwsError(_explain(e, action)) from None
+        raise AwsError(explain(e, action)) from None
 
 
 class Aws:

@@ -13,7 +13,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from pipeline.aws import _explain
+from pipeline.aws import explain
 from pipeline.config import Config
 from pipeline.errors import UserError
 
@@ -66,7 +66,7 @@ def _call(action: str, call: Callable[..., Any], **kwargs: Any) -> Any:
     try:
         return call(**kwargs)
     except (BotoCoreError, ClientError) as e:
-        raise BootstrapError(_explain(e, action)) from None
+        raise BootstrapError(explain(e, action)) from None
 
 
 def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = None) -> dict[str, str]:
@@ -127,7 +127,7 @@ def _describe(cf: Any, stack: str, deleted: bool = False) -> dict | None:
     except (BotoCoreError, ClientError) as e:
         if isinstance(e, ClientError) and "does not exist" in e.response.get("Error", {}).get("Message", ""):
             return None
-        raise BootstrapError(_explain(e, f"describe stack {stack}")) from None
+        raise BootstrapError(explain(e, f"describe stack {stack}")) from None
     if not found or (found[0]["StackStatus"] == "DELETE_COMPLETE" and not deleted):
         return None
     return found[0]
@@ -251,9 +251,9 @@ def deploy_stack(
     except ClientError as e:
         if isinstance(e, ClientError) and "No updates are to" in e.response.get("Error", {}).get("Message", ""):
             return StackResult("unchanged", name, _outputs(stack))
-        raise BootstrapError(_explain(e, f"update stack {name}")) from None
+        raise BootstrapError(explain(e, f"update stack {name}")) from None
     except BotoCoreError as e:
-        raise BootstrapError(_explain(e, f"update stack {name}")) from None
+        raise BootstrapError(explain(e, f"update stack {name}")) from None
     final = wait_stack(cf, stack["StackId"], "UPDATE", seen, **wait)
     return StackResult("updated", name, _outputs(final or {}))
 
@@ -273,7 +273,7 @@ def _versions(s3: Any, bucket: str) -> list[dict[str, str]]:
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") == "NoSuchBucket":
             return []
-        raise BootstrapError(_explain(e, f"list objects of bucket {bucket}")) from None
+        raise BootstrapError(explain(e, f"list objects of bucket {bucket}")) from None
     return found
 
 

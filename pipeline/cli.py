@@ -111,6 +111,7 @@ def run(
 ) -> None:
     """The whole pipeline: upsert, start, follow it live, then the summary (accuracy, version, endpoint)."""
     target = backend(local, root)
+    target.check(parse_pairs(param or []))  # a bad --param changes nothing, not even the upserted pipeline
     views.print_upsert(target.upsert(), target.cfg.deploy.lambda_function_name, console)
     view = _start(target, param, wait=True, poll=30.0, use_cache=not no_cache)
     views.print_summary(target.summary(view), console)

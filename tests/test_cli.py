@@ -305,7 +305,7 @@ def test_bootstrap_writes_the_stack_outputs_into_the_config_then_changes_nothing
 def test_run_local_refuses_an_input_data_of_the_other_form_before_running_anything(capsys, tmp_path):
     code, _, err = cli(capsys, "run", "--local", "--root", str(tmp_path), "--param", "InputData=s3://bkt/polarity/")
     assert code == 1 and "set data.source=s3://bkt/polarity/ and upsert again" in err
-    assert not list(tmp_path.rglob("execution.json"))
+    assert not list(tmp_path.rglob("execution.json")) and not list(tmp_path.rglob("definition.json"))  # not upserted
     code, _, err = cli(capsys, "--set", "local.overrides.data.source=s3://bkt/polarity/", "run", "--local", "--root",
                        str(tmp_path), "--param", "InputData=sample:100")
     assert code == 1 and "stages InputData from S3; pass an s3:// URI" in err

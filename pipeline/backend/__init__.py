@@ -21,6 +21,9 @@ class Backend(Protocol):
 
     cfg: Config
 
+    def check(self, parameters: dict[str, str]) -> None:
+        """Raise ParameterError for parameters the definition would refuse, before anything is changed."""
+
     def upsert(self) -> Upserted: ...
 
     def start(

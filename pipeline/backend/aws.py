@@ -34,6 +34,9 @@ class AwsBackend:
 
         return definition(self.cfg)
 
+    def check(self, parameters: dict[str, str]) -> None:
+        resolve(json.loads(self.definition_text), parameters)  # types and the data source's form
+
     def upsert(self) -> Upserted:
         return upsert(self.cfg, self.definition_text, self.aws)
 
@@ -43,7 +46,7 @@ class AwsBackend:
         if not use_cache:
             raise ParameterError("--no-cache: SageMaker's step caching is part of the definition "
                                  "(pipeline.cache_expire_after); it cannot be turned off for one execution")
-        resolve(json.loads(self.definition_text), parameters)  # types and data source checked before any call
+        self.check(parameters)
         arn = executions.start(self.aws, self.cfg.pipeline.name, as_request(parameters))
         return executions.wait(self.aws, arn, on_update, poll) if wait else executions.describe(self.aws, arn)
 

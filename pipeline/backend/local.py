@@ -8,6 +8,7 @@ from pathlib import Path
 from pipeline import contract
 from pipeline.config import Config
 from pipeline.cost import ExecutionCost, local_costs
+from pipeline.dag.parameters import resolve
 from pipeline.local.registry import ModelVersion
 from pipeline.local.runner import Execution
 from pipeline.local.session import LocalAccount
@@ -61,6 +62,9 @@ class LocalBackend:
     def __init__(self, cfg: Config, root: Path | None = None) -> None:
         self.account = LocalAccount(cfg, root)
         self.cfg = self.account.cfg
+
+    def check(self, parameters: dict[str, str]) -> None:
+        resolve(self.account.definition(), parameters)
 
     def upsert(self) -> Upserted:
         return self.account.upsert()
