@@ -305,6 +305,12 @@ class Runtime:
         """Dropout masks become a function of (seed, step, rank)."""
         xm.set_rng_state(seed, device=self.device) if self.xla else torch.manual_seed(seed)
 
+    def close(self) -> None:
+        """Wait for every rank, then leave the process group."""
+        self.barrier("done")
+        if self.distributed:
+            dist.destroy_process_group()
+
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         t = torch.from_numpy(np.ascontiguousarray(values, np.float32)).to(self.device)
         if self.distributed:
@@ -501,6 +507,85 @@ def load_split(folder: str, max_length: int) -> TokenizedSplit | None:
 
 
 # -----------------------------------------------------------------------------
+# one optimizer step, shared by main's loop and the precompile mode (so that both trace the same graphs)
+
+
+def micro_step(rt: Runtime, model: torch.nn.Module, batch: dict[str, torch.Tensor], grad_accum: int,
+               sync: bool) -> torch.Tensor:
+    """Forward and backward of one micro-batch, its gradients scaled for accumulation (`sync`: DDP all-reduces
+    them now); its loss, left on the device."""
+    batch = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
+    with nullcontext() if sync else model.no_sync():
+        with rt.autocast():
+            loss = F.cross_entropy(forward(model, batch).float(), batch["labels"])
+        (loss / grad_accum).backward()
+    return loss.detach()
+
+
+def optimizer_step(rt: Runtime, model: torch.nn.Module, optimizer, scheduler, max_grad_norm: float) -> None:
+    if rt.xla:
+        xm.reduce_gradients(optimizer)  # what xm.optimizer_step does, split to clip in between
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def read_out(rt: Runtime, loss_sum: torch.Tensor, stop_requested: bool) -> tuple[float, bool]:
+    """The loss summed over all ranks since the last read-out, and whether any rank was asked to stop: the one
+    host sync of the loop, every --log-interval steps."""
+    rt.mark_step()
+    stats = torch.stack([loss_sum, torch.tensor(float(stop_requested)).to(rt.device)])
+    if rt.distributed:
+        dist.all_reduce(stats)
+    loss_total, stops = stats.cpu().tolist()
+    return loss_total, stops > 0
+
+
+def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, optimizer, scheduler,
+               train: TokenizedSplit, scored: bool, buckets: list[int] | None, workers: int) -> dict:
+    """For neuron_parallel_compile: trace every graph of a real run once and train nothing that is kept. One
+    accumulation cycle per length bucket (the first again, whose first run initialised AdamW), the loss read-out,
+    and (`scored`: a validation or test split exists) the scoring graphs, on training rows; no checkpoint, no model
+    saved. The stats of the run."""
+    probes = precompile_probes(train, buckets, args.batch_size)
+    loader, _ = make_loader(rt, train, [p for p in probes for _ in range(args.grad_accum)], args.batch_size, workers)
+    model.train()
+    loss_sum, step = torch.zeros(()).to(rt.device), 0
+    for micro, batch in enumerate(loader):
+        if micro % args.grad_accum == 0:
+            rt.reseed((args.seed * 1_000_003 + step * rt.world_size + rt.rank) % 2**31)
+        loss_sum += micro_step(rt, model, batch, args.grad_accum, sync=True)
+        if (micro + 1) % args.grad_accum:
+            continue
+        optimizer_step(rt, model, optimizer, scheduler, args.max_grad_norm)
+        step += 1
+        if step % args.log_interval == 0 or step == len(probes):
+            read_out(rt, loss_sum, False)
+            loss_sum = torch.zeros(()).to(rt.device)
+    if scored:
+        score(rt, model, train, probes[:-1], args.batch_size if rt.xla else None, workers)
+    rt.log(f"precompile: traced {step} optimizer steps over {len(probes) - 1} length bucket(s)")
+    return {
+        "device": rt.device_type,
+        "world_size": rt.world_size,
+        "bf16": rt.bf16,
+        "precompile": True,
+        "steps": step,
+        "compile_count": met.metric_data("CompileTime")[0] if rt.xla else None,
+        "length_buckets": buckets,
+    }
+
+
+def write_stats(rt: Runtime, output_data_dir: str, stats: dict) -> None:
+    if rt.master:
+        Path(output_data_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_data_dir) / STATS_FILE).write_text(json.dumps(stats, indent=2))
+        rt.log(f"training_stats={json.dumps(stats)}")
+
+
+# -----------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -525,9 +610,6 @@ def main(argv: list[str] | None = None) -> None:
         )
     total_steps = args.max_steps if args.max_steps > 0 else args.epochs * steps_per_epoch
     warmup_steps = int(args.warmup_ratio * total_steps)
-    probes = precompile_probes(train, buckets, args.batch_size) if args.precompile else None
-    if probes:
-        total_steps = len(probes)
 
     # model, optimizer, schedule
     model = AutoModelForSequenceClassification.from_pretrained(
@@ -543,9 +625,15 @@ def main(argv: list[str] | None = None) -> None:
         lr=args.learning_rate,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
+    if args.precompile:
+        scored = validation is not None or test is not None
+        write_stats(rt, args.output_data_dir, precompile(args, rt, model, optimizer, scheduler, train, scored,
+                                                         buckets, workers))
+        rt.close()
+        return
 
     step = resumed_from = 0
-    state = None if args.precompile else load_latest_checkpoint(checkpoint_dir)
+    state = load_latest_checkpoint(checkpoint_dir)
     if state is not None:
         if state["world_size"] != rt.world_size:
             rt.log(
@@ -588,44 +676,26 @@ def main(argv: list[str] | None = None) -> None:
     train_start = time.time()
     while step < total_steps:
         epoch = step // steps_per_epoch
-        if probes:
-            batches = [p for p in probes for _ in range(args.grad_accum)]
-        else:
-            batches = train_batches(train.lengths, args.batch_size, args.seed, epoch, rt.rank, rt.world_size)
-            batches = batches[(step % steps_per_epoch) * args.grad_accum : steps_per_epoch * args.grad_accum]
+        batches = train_batches(train.lengths, args.batch_size, args.seed, epoch, rt.rank, rt.world_size)
+        batches = batches[(step % steps_per_epoch) * args.grad_accum : steps_per_epoch * args.grad_accum]
         loader, tokens = make_loader(rt, train, batches, args.batch_size, workers)
         for micro, ((real, padded), batch) in enumerate(zip(tokens, loader, strict=True)):
             if micro % args.grad_accum == 0:
                 rt.reseed((args.seed * 1_000_003 + step * rt.world_size + rt.rank) % 2**31)
             last_micro = (micro + 1) % args.grad_accum == 0
-            batch = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
-            with model.no_sync() if ddp and not last_micro else nullcontext():
-                with rt.autocast():
-                    loss = F.cross_entropy(forward(model, batch).float(), batch["labels"])
-                (loss / args.grad_accum).backward()
-            loss_sum += loss.detach()
+            loss_sum += micro_step(rt, model, batch, args.grad_accum, sync=last_micro or not ddp)
             samples += len(batch["labels"]) * rt.world_size
             real_tokens += real
             padded_tokens += padded
             if not last_micro:
                 continue
-            if rt.xla:
-                xm.reduce_gradients(optimizer)  # what xm.optimizer_step does, split to clip in between
-            if args.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(rt, model, optimizer, scheduler, args.max_grad_norm)
             step += 1
             interval_steps += 1
 
             if step % args.log_interval == 0 or step == total_steps:
-                rt.mark_step()
-                stats = torch.stack([loss_sum, torch.tensor(float(stop["requested"])).to(rt.device)])
-                if rt.distributed:
-                    dist.all_reduce(stats)
-                loss_total, stops = stats.cpu().tolist()
-                stopping = stops > 0  # agreed by all ranks, unlike the local flag the signal handler sets
+                # the stop flag is agreed by all ranks, unlike the local one the signal handler sets
+                loss_total, stopping = read_out(rt, loss_sum, stop["requested"])
                 last_loss = loss_total / (interval_steps * args.grad_accum * rt.world_size)
                 seen = interval_steps * args.grad_accum * args.batch_size * rt.world_size
                 sps = seen / (time.time() - interval_start)
@@ -635,9 +705,9 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 loss_sum = torch.zeros(()).to(rt.device)
                 interval_steps, interval_start = 0, time.time()
-            if not probes and (stopping or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0)):
+            if stopping or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0):
                 checkpoint()
-            if stopping and not probes:
+            if stopping:
                 rt.log(f"stopping on SIGTERM at step={step}")
                 sys.exit(143)
             if step >= total_steps:
@@ -646,26 +716,25 @@ def main(argv: list[str] | None = None) -> None:
             compiles_per_epoch.append(met.metric_data("CompileTime")[0])
     train_time = time.time() - train_start
 
-    # scoring: validation and test (every rank its share); precompile traces the scoring graphs on the probes
+    # scoring: validation and test, every rank its share
     rows = args.batch_size if rt.xla else None
     accuracy: dict[str, float | None] = {"val": None, "test": None}
     margins: dict[str, np.ndarray] = {}
     for name, split in (("val", validation), ("test", test)):
-        if split is None or (probes and name == "test"):
+        if split is None:
             continue
-        scored = train if probes else split
-        batches = probes[:-1] if probes else eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
-        margins[name] = score(rt, raw_model, scored, batches, rows, workers)
-        accuracy[name] = float(np.mean((margins[name] > 0) == (scored.labels == 1)))
+        batches = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
+        margins[name] = score(rt, raw_model, split, batches, rows, workers)
+        accuracy[name] = float(np.mean((margins[name] > 0) == (split.labels == 1)))
         rt.log(f"{name}_accuracy={accuracy[name]:.4f}")
 
     # artifacts
     real_tokens, padded_tokens = rt.all_reduce_sum(np.array([real_tokens, padded_tokens], np.float64)).tolist()
-    stats = {
+    write_stats(rt, args.output_data_dir, {
         "device": rt.device_type,
         "world_size": rt.world_size,
         "bf16": rt.bf16,
-        "precompile": args.precompile,
+        "precompile": False,
         "steps": step - resumed_from,
         "global_step": step,
         "resumed_from_step": resumed_from or None,
@@ -681,19 +750,13 @@ def main(argv: list[str] | None = None) -> None:
         "compile_count": met.metric_data("CompileTime")[0] if rt.xla else None,
         "compile_count_per_epoch": compiles_per_epoch if rt.xla else None,
         "length_buckets": buckets,
-    }
+    })
     if rt.master:
-        Path(args.output_data_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_data_dir) / STATS_FILE).write_text(json.dumps(stats, indent=2))
-        rt.log(f"training_stats={json.dumps(stats)}")
-    if rt.master and not probes:
         save_model(raw_model.to("cpu"), args.model_id, Path(args.model_dir), args.max_length)
         if "test" in margins:
             write_predictions(Path(args.model_dir) / PREDICTIONS_FILE, test, margins["test"])
         rt.log(f"saved model to {args.model_dir}")
-    rt.barrier("done")
-    if rt.distributed:
-        dist.destroy_process_group()
+    rt.close()
 
 
 if __name__ == "__main__":
