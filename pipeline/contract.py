@@ -17,9 +17,16 @@ ACCURACY_GATE, REGISTER, APPROVED_GATE, DEPLOY, ACCURACY_TOO_LOW = (
 )
 JOB_STEP_TYPES = ("Processing", "Training")
 
-# Pipeline parameters that code outside the DAG refers to
+# Pipeline parameters (per execution), in the order the definition declares them
 INPUT_DATA = "InputData"
+TRAIN_INSTANCE_TYPE = "TrainInstanceType"
+TRAIN_INSTANCE_COUNT = "TrainInstanceCount"
+EPOCHS = "Epochs"
+LEARNING_RATE = "LearningRate"
+BATCH_SIZE = "BatchSize"
+MAX_LENGTH = "MaxLength"
 ACCURACY_THRESHOLD = "AccuracyThreshold"
+MODEL_APPROVAL_STATUS = "ModelApprovalStatus"
 ENDPOINT_NAME = "EndpointName"
 
 # Tokenize's outputs: the splits and its statistics
@@ -44,6 +51,14 @@ REPORT_FILE = "evaluation.json"
 PROPERTY_FILE = "EvaluationReport"
 ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
 QUANTIZE_PATH = "inference.quantize"
+
+
+def report_accuracy(report: dict | None) -> float | None:
+    """The accuracy an evaluation report holds at ACCURACY_PATH (what the gate reads), None where it has none."""
+    value = report
+    for key in ACCURACY_PATH.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 # The training job: log lines -> metrics, files it writes, and where SageMaker puts them
 METRIC_DEFINITIONS = (

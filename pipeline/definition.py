@@ -1,4 +1,4 @@
-"""The pipeline DAG: one function, config in, SageMaker `Pipeline` out.
+"""The pipeline DAG: config in, SageMaker `Pipeline` out, one helper per step, read in DAG order.
 
 Tokenize -> Train -> Evaluate -> AccuracyGate -+-> RegisterModel --> ApprovedGate -> Deploy
                                                +-> AccuracyTooLow (Fail)
@@ -13,21 +13,24 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pipeline import contract as c
+from pipeline import contract
 from pipeline.code import bundles
 from pipeline.config import Config
-from pipeline.sdk import offline_sdk, pipeline_session
+from pipeline.sdk import MODEL_INPUT, StepParts, offline_sdk
 
 if TYPE_CHECKING:
+    from sagemaker.core.workflow.properties import PropertyFile
+    from sagemaker.mlops.workflow.condition_step import ConditionStep
+    from sagemaker.mlops.workflow.fail_step import FailStep
+    from sagemaker.mlops.workflow.lambda_step import LambdaStep
+    from sagemaker.mlops.workflow.model_step import ModelStep
     from sagemaker.mlops.workflow.pipeline import Pipeline
+    from sagemaker.mlops.workflow.steps import ProcessingStep, TrainingStep
 
-MODEL_INPUT = f"{c.PROCESSING}/input/model"  # a base model staged from S3 (training.model_id s3://...)
-WHEELS_INPUT = f"{c.PROCESSING}/input/wheels"  # wheels staged from S3 (images.wheels), installed by run.py
 TRAINING_MODEL_CHANNEL = "/opt/ml/input/data/model"
 # Train step environment: glibc arenas capped (a checkpointing leak, as optimum-neuron does); libfabric fork safety
 # for the DataLoader workers and device RDMA on EFA (multi-node; ignored elsewhere). train.py adds the rest.
 TRAINING_ENVIRONMENT = {"MALLOC_ARENA_MAX": "64", "FI_EFA_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "1"}
-NO_INTERNET = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # fail at once instead of waiting on the Hub
 
 
 def arguments(pairs: dict[str, Any]) -> list:
@@ -35,345 +38,269 @@ def arguments(pairs: dict[str, Any]) -> list:
     return [item for flag, value in pairs.items() if value is not None for item in (flag, value)]
 
 
-def build_pipeline(cfg: Config) -> Pipeline:
-    """Build the SageMaker Pipelines DAG for `cfg` (no AWS call is made)."""
-    offline_sdk(cfg.aws.region)
-    from sagemaker.core.lambda_helper import Lambda
-    from sagemaker.core.model_metrics import MetricsSource, ModelMetrics
-    from sagemaker.core.network import NetworkConfig
-    from sagemaker.core.processing import Processor
-    from sagemaker.core.shapes import (
-        OutputDataConfig,
-        ProcessingInput,
-        ProcessingOutput,
-        ProcessingS3Input,
-        ProcessingS3Output,
-        StoppingCondition,
-        Tag,
-    )
-    from sagemaker.core.training.configs import CheckpointConfig, Compute, InputData, Networking
-    from sagemaker.core.workflow import (
-        ConditionEquals,
-        ConditionGreaterThanOrEqualTo,
-        ExecutionVariables,
-        Join,
-        JsonGet,
-        ParameterFloat,
-        ParameterInteger,
-        ParameterString,
-    )
-    from sagemaker.core.workflow.properties import PropertyFile
-    from sagemaker.mlops.workflow.condition_step import ConditionStep
-    from sagemaker.mlops.workflow.fail_step import FailStep
-    from sagemaker.mlops.workflow.lambda_step import LambdaOutput, LambdaOutputTypeEnum, LambdaStep
-    from sagemaker.mlops.workflow.model_step import ModelStep
-    from sagemaker.mlops.workflow.pipeline import Pipeline
-    from sagemaker.mlops.workflow.retry import (
-        SageMakerJobExceptionTypeEnum,
-        SageMakerJobStepRetryPolicy,
-    )
-    from sagemaker.mlops.workflow.steps import CacheConfig, ProcessingStep, TrainingStep
-    from sagemaker.serve.model_builder import ModelBuilder
-    from sagemaker.train import ModelTrainer
-
-    session = pipeline_session(cfg)
-    code = bundles()
-    steps_code = code["steps"].uri(cfg.s3_root)
-    training_code = code["training"].uri(cfg.s3_root)
-    tags = [{"Key": k, "Value": v} for k, v in sorted(cfg.aws.tags.items())]
-    cache = CacheConfig(enable_caching=True, expire_after=cfg.pipeline.cache_expire_after)
-    retry = (
-        [
-            SageMakerJobStepRetryPolicy(
-                exception_types=[
-                    SageMakerJobExceptionTypeEnum.CAPACITY_ERROR,
-                    SageMakerJobExceptionTypeEnum.RESOURCE_LIMIT,
-                    SageMakerJobExceptionTypeEnum.INTERNAL_ERROR,
-                ],
-                interval_seconds=60,
-                backoff_rate=2.0,
-                max_attempts=cfg.pipeline.retry_attempts,
-            )
-        ]
-        if cfg.pipeline.retry_attempts
-        else None
-    )
-    run_prefix = [cfg.s3_root, "executions", ExecutionVariables.PIPELINE_EXECUTION_ID]
-    vpc = cfg.aws.vpc
-
-    input_data = ParameterString(c.INPUT_DATA, default_value=cfg.data.source)
-    train_instance_type = ParameterString("TrainInstanceType", default_value=cfg.training.instance_type)
-    train_instance_count = ParameterInteger("TrainInstanceCount", default_value=cfg.training.instance_count)
-    epochs = ParameterInteger("Epochs", default_value=cfg.training.epochs)
-    learning_rate = ParameterFloat("LearningRate", default_value=cfg.training.learning_rate)
-    batch_size = ParameterInteger("BatchSize", default_value=cfg.training.batch_size)
-    max_length = ParameterInteger("MaxLength", default_value=cfg.training.max_length)
-    threshold = ParameterFloat(c.ACCURACY_THRESHOLD, default_value=cfg.evaluation.accuracy_threshold)
-    approval = ParameterString("ModelApprovalStatus", default_value=cfg.registry.approval_status)
-    endpoint_name = ParameterString(c.ENDPOINT_NAME, default_value=cfg.deploy.endpoint_name)
-    parameters = [input_data, train_instance_type, train_instance_count, epochs, learning_rate, batch_size,
-                  max_length, threshold, approval, endpoint_name]
-
-    offline = bool(vpc and not vpc.internet)
-    staged_model = cfg.training.model_id.startswith("s3://")
-
-    def processor(step: str, resources, image: str) -> Processor:
-        environment = {"PIP_DEFAULT_TIMEOUT": "20", **(NO_INTERNET if offline else {})}
-        return Processor(
-            role=cfg.aws.role_arn,
-            image_uri=image,
-            instance_type=resources.instance_type,
-            instance_count=resources.instance_count,
-            volume_size_in_gb=resources.volume_size_gb,
-            volume_kms_key=cfg.aws.kms_key_id,
-            output_kms_key=cfg.aws.kms_key_id,
-            max_runtime_in_seconds=resources.max_runtime_seconds,
-            entrypoint=["python3", f"{c.CODE_DIR}/{c.ENTRY_POINT}", step],
-            base_job_name=f"{cfg.pipeline.name}-{step}",
-            sagemaker_session=session,
-            env=environment,
-            tags=tags or None,
-            network_config=NetworkConfig(subnets=vpc.subnets, security_group_ids=vpc.security_group_ids)
-            if vpc
-            else None,
-        )
-
-    def s3_input(name: str, source, destination: str) -> ProcessingInput:
-        return ProcessingInput(
-            input_name=name,
-            s3_input=ProcessingS3Input(
-                s3_uri=source, local_path=destination, s3_data_type="S3Prefix", s3_input_mode="File"
-            ),
-        )
-
-    def s3_output(name: str, source: str) -> ProcessingOutput:
-        return ProcessingOutput(
-            output_name=name,
-            s3_output=ProcessingS3Output(
-                s3_uri=Join(on="/", values=[*run_prefix, name]), local_path=source, s3_upload_mode="EndOfJob"
-            ),
-        )
-
-    def code_inputs() -> list[ProcessingInput]:
-        inputs = [s3_input("code", steps_code, c.CODE_DIR)]
-        return inputs + ([s3_input("wheels", cfg.images.wheels, WHEELS_INPUT)] if cfg.images.wheels else [])
+class Steps(StepParts):
+    """One method per step of the DAG, in the order an execution reaches them."""
 
     # 1. Tokenize: Hub / S3 / sample reviews -> tokenized train, validation and test splits.
-    tokenize_inputs = code_inputs()
-    if cfg.data.is_s3:
-        tokenize_inputs.append(s3_input("data", input_data, c.DATA_DIR))
-    if staged_model:
-        tokenize_inputs.append(s3_input("model", cfg.training.model_id, MODEL_INPUT))
-    tokenize = ProcessingStep(
-        name=c.TOKENIZE,
-        step_args=processor("preprocess", cfg.tokenize, cfg.image("processing")).run(
-            inputs=tokenize_inputs,
-            outputs=[s3_output(name, f"{c.OUTPUT_DIR}/{name}") for name in c.TOKENIZE_OUTPUTS],
-            arguments=arguments({
-                "--source": input_data,
-                "--input-dir": c.DATA_DIR,
-                "--output-dir": c.OUTPUT_DIR,
-                "--model-id": MODEL_INPUT if staged_model else cfg.training.model_id,
-                "--max-length": max_length.to_string(),
-                "--validation-share": str(cfg.data.validation_share),
-                "--max-bad-share": str(cfg.data.max_bad_share),
-                "--seed": str(cfg.training.seed),
-                "--max-rows-per-split": str(cfg.data.max_rows_per_split) if cfg.data.max_rows_per_split else None,
-            }),
-        ),
-        cache_config=cache,
-        retry_policies=retry,
-    )
+    def tokenize(self) -> ProcessingStep:
+        from sagemaker.mlops.workflow.steps import ProcessingStep
 
-    def tokenized(split: str):
-        return tokenize.properties.ProcessingOutputConfig.Outputs[split].S3Output.S3Uri
+        cfg, parameters = self.cfg, self.parameters
+        inputs = self.code_inputs()
+        if cfg.data.is_s3:
+            inputs.append(self.s3_input("data", parameters.input_data, contract.DATA_DIR))
+        if self.staged_model:
+            inputs.append(self.s3_input("model", cfg.training.model_id, MODEL_INPUT))
+        rows = cfg.data.max_rows_per_split
+        return ProcessingStep(
+            name=contract.TOKENIZE,
+            step_args=self.processor("preprocess", cfg.tokenize, cfg.image("processing")).run(
+                inputs=inputs,
+                outputs=[self.s3_output(name, f"{contract.OUTPUT_DIR}/{name}") for name in contract.TOKENIZE_OUTPUTS],
+                arguments=arguments({
+                    "--source": parameters.input_data,
+                    "--input-dir": contract.DATA_DIR,
+                    "--output-dir": contract.OUTPUT_DIR,
+                    "--model-id": MODEL_INPUT if self.staged_model else cfg.training.model_id,
+                    "--max-length": parameters.max_length.to_string(),
+                    "--validation-share": str(cfg.data.validation_share),
+                    "--max-bad-share": str(cfg.data.max_bad_share),
+                    "--seed": str(cfg.training.seed),
+                    "--max-rows-per-split": str(rows) if rows else None,
+                }),
+            ),
+            cache_config=self.cache,
+            retry_policies=self.retry,
+        )
 
     # 2. Train: torchrun via the DLC's own launcher, one process per NeuronCore; it also scores the test split.
-    t = cfg.training
-    hyperparameters = {
-        "model-id": TRAINING_MODEL_CHANNEL if staged_model else t.model_id,
-        "epochs": epochs.to_string(),
-        "max-steps": str(t.max_steps),
-        "batch-size": batch_size.to_string(),
-        "grad-accum": str(t.grad_accum),
-        "learning-rate": learning_rate.to_string(),
-        "warmup-ratio": str(t.warmup_ratio),
-        "weight-decay": str(t.weight_decay),
-        "max-length": max_length.to_string(),
-        "seed": str(t.seed),
-        "log-interval": str(t.log_interval),
-        "checkpoint-interval": str(t.checkpoint_interval),
-        "bf16": str(t.bf16).lower(),
-        "sagemaker_program": json.dumps("train.py"),
-        "sagemaker_submit_directory": json.dumps(training_code),
-        "sagemaker_torch_distributed_enabled": "true",
-        "sagemaker_instance_type": train_instance_type,
-        "sagemaker_region": json.dumps(cfg.aws.region),
-    }
-    channels = [InputData(channel_name=split, data_source=tokenized(split)) for split in c.SPLITS]
-    if staged_model:
-        channels.append(InputData(channel_name="model", data_source=t.model_id))
-    trainer = ModelTrainer(
-        role=cfg.aws.role_arn,
-        training_image=cfg.image("training"),
-        base_job_name=f"{cfg.pipeline.name}-train",
-        sagemaker_session=session,
-        compute=Compute(
-            instance_type=train_instance_type,
-            instance_count=train_instance_count,
-            volume_size_in_gb=t.volume_size_gb,
-            volume_kms_key_id=cfg.aws.kms_key_id,
-            enable_managed_spot_training=t.spot.enabled or None,
-        ),
-        networking=Networking(subnets=vpc.subnets, security_group_ids=vpc.security_group_ids) if vpc else None,
-        stopping_condition=StoppingCondition(
-            max_runtime_in_seconds=t.max_runtime_seconds,
-            max_wait_time_in_seconds=t.spot.max_wait_seconds if t.spot.enabled else None,
-        ),
-        input_data_config=channels,
-        output_data_config=OutputDataConfig(
-            s3_output_path=Join(on="/", values=[*run_prefix, "model"]), kms_key_id=cfg.aws.kms_key_id
-        ),
-        checkpoint_config=CheckpointConfig(
-            s3_uri=Join(on="/", values=[cfg.checkpoint_s3_uri, ExecutionVariables.PIPELINE_EXECUTION_ID]),
-            local_path=c.CHECKPOINT_DIR,
-        ),
-        environment={
-            "NEURON_COMPILE_CACHE_URL": cfg.compile_cache_s3_uri,
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            **TRAINING_ENVIRONMENT,
-            **(NO_INTERNET if offline else {}),
-        },
-        hyperparameters=hyperparameters,
-        tags=[Tag(key=tag["Key"], value=tag["Value"]) for tag in tags] or None,
-    ).with_metric_definitions([dict(m) for m in c.METRIC_DEFINITIONS])
-    train = TrainingStep(name=c.TRAIN, step_args=trainer.train(), cache_config=cache, retry_policies=retry)
-    model_data = train.properties.ModelArtifacts.S3ModelArtifacts
+    def hyperparameters(self) -> dict[str, Any]:
+        """What train.py reads (the parameters where an execution may change them), then the DLC toolkit's keys."""
+        training, parameters = self.cfg.training, self.parameters
+        return {
+            "model-id": TRAINING_MODEL_CHANNEL if self.staged_model else training.model_id,
+            "epochs": parameters.epochs.to_string(),
+            "max-steps": str(training.max_steps),
+            "batch-size": parameters.batch_size.to_string(),
+            "grad-accum": str(training.grad_accum),
+            "learning-rate": parameters.learning_rate.to_string(),
+            "warmup-ratio": str(training.warmup_ratio),
+            "weight-decay": str(training.weight_decay),
+            "max-length": parameters.max_length.to_string(),
+            "seed": str(training.seed),
+            "log-interval": str(training.log_interval),
+            "checkpoint-interval": str(training.checkpoint_interval),
+            "bf16": str(training.bf16).lower(),
+            "sagemaker_program": json.dumps("train.py"),
+            "sagemaker_submit_directory": json.dumps(bundles()["training"].uri(self.cfg.s3_root)),
+            "sagemaker_torch_distributed_enabled": "true",
+            "sagemaker_instance_type": parameters.train_instance_type,
+            "sagemaker_region": json.dumps(self.cfg.aws.region),
+        }
+
+    def train(self, tokenize: ProcessingStep) -> TrainingStep:
+        from sagemaker.core.shapes import OutputDataConfig, StoppingCondition, Tag
+        from sagemaker.core.training.configs import CheckpointConfig, Compute, InputData, Networking
+        from sagemaker.core.workflow import ExecutionVariables, Join
+        from sagemaker.mlops.workflow.steps import TrainingStep
+        from sagemaker.train import ModelTrainer
+
+        cfg, training, vpc = self.cfg, self.cfg.training, self.cfg.aws.vpc
+        channels = [InputData(channel_name=name, data_source=self.output(tokenize, name)) for name in contract.SPLITS]
+        if self.staged_model:
+            channels.append(InputData(channel_name="model", data_source=training.model_id))
+        trainer = ModelTrainer(
+            role=cfg.aws.role_arn,
+            training_image=cfg.image("training"),
+            base_job_name=f"{cfg.pipeline.name}-train",
+            sagemaker_session=self.session,
+            compute=Compute(
+                instance_type=self.parameters.train_instance_type,
+                instance_count=self.parameters.train_instance_count,
+                volume_size_in_gb=training.volume_size_gb,
+                volume_kms_key_id=cfg.aws.kms_key_id,
+                enable_managed_spot_training=training.spot.enabled or None,
+            ),
+            networking=Networking(subnets=vpc.subnets, security_group_ids=vpc.security_group_ids) if vpc else None,
+            stopping_condition=StoppingCondition(
+                max_runtime_in_seconds=training.max_runtime_seconds,
+                max_wait_time_in_seconds=training.spot.max_wait_seconds if training.spot.enabled else None,
+            ),
+            input_data_config=channels,
+            output_data_config=OutputDataConfig(
+                s3_output_path=Join(on="/", values=[*self.run_prefix, "model"]), kms_key_id=cfg.aws.kms_key_id
+            ),
+            checkpoint_config=CheckpointConfig(
+                s3_uri=Join(on="/", values=[cfg.checkpoint_s3_uri, ExecutionVariables.PIPELINE_EXECUTION_ID]),
+                local_path=contract.CHECKPOINT_DIR,
+            ),
+            environment={
+                "NEURON_COMPILE_CACHE_URL": cfg.compile_cache_s3_uri,
+                "HF_HUB_DISABLE_TELEMETRY": "1",
+                **TRAINING_ENVIRONMENT,
+                **self.hub_offline,
+            },
+            hyperparameters=self.hyperparameters(),
+            tags=[Tag(key=tag["Key"], value=tag["Value"]) for tag in self.tags] or None,
+        ).with_metric_definitions([dict(metric) for metric in contract.METRIC_DEFINITIONS])
+        return TrainingStep(name=contract.TRAIN, step_args=trainer.train(), cache_config=self.cache,
+                            retry_policies=self.retry)
 
     # 3. Evaluate: the whole test split's metrics from the Train step's predictions, checked on a sample here.
-    evaluation_report = PropertyFile(name=c.PROPERTY_FILE, output_name=c.EVALUATION_OUTPUT, path=c.REPORT_FILE)
-    e = cfg.evaluation
-    evaluate = ProcessingStep(
-        name=c.EVALUATE,
-        step_args=processor("evaluate", e, cfg.image("evaluation")).run(
-            inputs=[
-                *code_inputs(),
-                s3_input("model", model_data, c.MODEL_DIR),
-                s3_input("test", tokenized("test"), c.TEST_DIR),
-            ],
-            outputs=[s3_output(c.EVALUATION_OUTPUT, c.EVALUATION_DIR)],
-            arguments=[
-                *arguments({
-                    "--model-dir": c.MODEL_DIR,
-                    "--test-dir": c.TEST_DIR,
-                    "--output-dir": c.EVALUATION_DIR,
-                    "--sample-size": str(e.sample_size),
-                    "--min-agreement": str(e.min_agreement),
-                    "--seed": str(t.seed),
-                    "--int8-tolerance": str(e.int8_tolerance),
-                }),
-                "--int8" if e.int8 else "--no-int8",
-            ],
-        ),
-        property_files=[evaluation_report],
-        cache_config=cache,
-        retry_policies=retry,
-    )
-    evaluation_uri = Join(
-        on="/",
-        values=[
-            evaluate.properties.ProcessingOutputConfig.Outputs[c.EVALUATION_OUTPUT].S3Output.S3Uri,
-            c.REPORT_FILE,
-        ],
-    )
-    accuracy = JsonGet(step_name=evaluate.name, property_file=evaluation_report, json_path=c.ACCURACY_PATH)
+    def evaluate(self, tokenize: ProcessingStep, train: TrainingStep, report: PropertyFile) -> ProcessingStep:
+        from sagemaker.mlops.workflow.steps import ProcessingStep
 
-    # 5. Register the model; 6. deploy it when the registered version is Approved.
-    model = ModelBuilder(
-        image_uri=cfg.image("inference"),
-        s3_model_data_url=model_data,
-        role_arn=cfg.aws.role_arn,
-        sagemaker_session=session,
-        env_vars={
+        evaluation = self.cfg.evaluation
+        return ProcessingStep(
+            name=contract.EVALUATE,
+            step_args=self.processor("evaluate", evaluation, self.cfg.image("evaluation")).run(
+                inputs=[
+                    *self.code_inputs(),
+                    self.s3_input("model", train.properties.ModelArtifacts.S3ModelArtifacts, contract.MODEL_DIR),
+                    self.s3_input("test", self.output(tokenize, "test"), contract.TEST_DIR),
+                ],
+                outputs=[self.s3_output(contract.EVALUATION_OUTPUT, contract.EVALUATION_DIR)],
+                arguments=[
+                    *arguments({
+                        "--model-dir": contract.MODEL_DIR,
+                        "--test-dir": contract.TEST_DIR,
+                        "--output-dir": contract.EVALUATION_DIR,
+                        "--sample-size": str(evaluation.sample_size),
+                        "--min-agreement": str(evaluation.min_agreement),
+                        "--seed": str(self.cfg.training.seed),
+                        "--int8-tolerance": str(evaluation.int8_tolerance),
+                    }),
+                    "--int8" if evaluation.int8 else "--no-int8",
+                ],
+            ),
+            property_files=[report],
+            cache_config=self.cache,
+            retry_policies=self.retry,
+        )
+
+    # 4. AccuracyGate: register the model, or fail.
+    def accuracy_gate(self, evaluate: ProcessingStep, report: PropertyFile, register: ModelStep,
+                      too_low: FailStep) -> ConditionStep:
+        from sagemaker.core.workflow import ConditionGreaterThanOrEqualTo
+        from sagemaker.mlops.workflow.condition_step import ConditionStep
+
+        accuracy = self.report_value(evaluate, report, contract.ACCURACY_PATH)
+        return ConditionStep(
+            name=contract.ACCURACY_GATE,
+            conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=self.parameters.accuracy_threshold)],
+            if_steps=[register],
+            else_steps=[too_low],
+        )
+
+    # 5. RegisterModel: a new version in the Model Registry, with the evaluation as its metrics.
+    def register(self, train: TrainingStep, evaluate: ProcessingStep, report: PropertyFile) -> ModelStep:
+        from sagemaker.core.model_metrics import MetricsSource, ModelMetrics
+        from sagemaker.core.workflow import ExecutionVariables, Join
+        from sagemaker.mlops.workflow.model_step import ModelStep
+        from sagemaker.serve.model_builder import ModelBuilder
+
+        cfg = self.cfg
+        model_data = train.properties.ModelArtifacts.S3ModelArtifacts
+        evaluation_uri = Join(on="/", values=[self.output(evaluate, contract.EVALUATION_OUTPUT), contract.REPORT_FILE])
+        environment = {
             "SAGEMAKER_PROGRAM": "inference.py",
             "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code",
             "SAGEMAKER_MODEL_SERVER_WORKERS": str(cfg.deploy.model_server_workers),
             "INFERENCE_MAX_TEXTS": str(cfg.deploy.max_texts),
             # fp32 or int8, as the evaluation chose on the test split
-            "INFERENCE_QUANTIZE": JsonGet(
-                step_name=evaluate.name, property_file=evaluation_report, json_path=c.QUANTIZE_PATH
+            "INFERENCE_QUANTIZE": self.report_value(evaluate, report, contract.QUANTIZE_PATH),
+        }
+        model = ModelBuilder(image_uri=cfg.image("inference"), s3_model_data_url=model_data,
+                             role_arn=cfg.aws.role_arn, sagemaker_session=self.session, env_vars=environment)
+        return ModelStep(
+            name=contract.REGISTER,
+            step_args=model.register(
+                model_package_group_name=cfg.pipeline.model_package_group,
+                content_types=list(contract.CONTENT_TYPES),
+                response_types=list(contract.RESPONSE_TYPES),
+                inference_instances=[cfg.deploy.instance_type],
+                approval_status=self.parameters.approval_status,
+                description=f"BERT sentiment classifier fine-tuned by pipeline {cfg.pipeline.name}",
+                model_metrics=ModelMetrics(
+                    model_statistics=MetricsSource(content_type="application/json", s3_uri=evaluation_uri)
+                ),
+                customer_metadata_properties={
+                    "code_sha256": bundles()["training"].sha256,
+                    "data_source": self.parameters.input_data,
+                    "accuracy": self.report_value(evaluate, report, contract.ACCURACY_PATH).to_string(),
+                    "training_job": train.properties.TrainingJobName,
+                    "pipeline_execution": ExecutionVariables.PIPELINE_EXECUTION_ARN,
+                },
             ),
-        },
-    )
-    register = ModelStep(
-        name=c.REGISTER,
-        step_args=model.register(
-            model_package_group_name=cfg.pipeline.model_package_group,
-            content_types=list(c.CONTENT_TYPES),
-            response_types=list(c.RESPONSE_TYPES),
-            inference_instances=[cfg.deploy.instance_type],
-            approval_status=approval,
-            description=f"BERT sentiment classifier fine-tuned by pipeline {cfg.pipeline.name}",
-            model_metrics=ModelMetrics(
-                model_statistics=MetricsSource(content_type="application/json", s3_uri=evaluation_uri)
-            ),
-            customer_metadata_properties={
-                "code_sha256": bundles()["training"].sha256,
-                "data_source": input_data,
-                "accuracy": accuracy.to_string(),
-                "training_job": train.properties.TrainingJobName,
-                "pipeline_execution": ExecutionVariables.PIPELINE_EXECUTION_ARN,
-            },
-        ),
-    )
-    deploy = LambdaStep(
-        name=c.DEPLOY,
-        lambda_func=Lambda(function_arn=cfg.deploy_lambda_arn, session=session),
-        inputs={
-            "model_package_arn": register.properties.ModelPackageArn,
-            "endpoint_name": endpoint_name,
-            "instance_type": cfg.deploy.instance_type,
-            "instance_count": cfg.deploy.instance_count,
-        },
-        outputs=[
-            LambdaOutput(output_name="endpoint_config_name", output_type=LambdaOutputTypeEnum.String),
-            LambdaOutput(output_name="action", output_type=LambdaOutputTypeEnum.String),
-        ],
-    )
-    # Not nested in AccuracyGate's branch: Pipelines does not support a condition step inside another.
-    approved_gate = ConditionStep(
-        name=c.APPROVED_GATE,
-        conditions=[ConditionEquals(left=approval, right=c.APPROVED)],
-        if_steps=[deploy],
-        else_steps=[],
-        depends_on=[register],
-    )
+        )
 
-    # 4. Gate on accuracy; below the threshold the run fails and says why.
-    too_low = FailStep(
-        name=c.ACCURACY_TOO_LOW,
-        error_message=Join(
-            on=" ",
-            values=[
-                "Accuracy",
-                accuracy,
-                "is below the threshold",
-                threshold,
-                "- the model was not registered.",
+    # 6. AccuracyTooLow: below the threshold the run fails and says why.
+    def too_low(self, evaluate: ProcessingStep, report: PropertyFile) -> FailStep:
+        from sagemaker.core.workflow import Join
+        from sagemaker.mlops.workflow.fail_step import FailStep
+
+        accuracy = self.report_value(evaluate, report, contract.ACCURACY_PATH)
+        return FailStep(name=contract.ACCURACY_TOO_LOW, error_message=Join(on=" ", values=[
+            "Accuracy", accuracy, "is below the threshold", self.parameters.accuracy_threshold,
+            "- the model was not registered.",
+        ]))
+
+    # 7. ApprovedGate: deploy only an Approved version. Not nested in AccuracyGate's branch: Pipelines does not
+    # support a condition step inside another.
+    def approved_gate(self, register: ModelStep, deploy: LambdaStep) -> ConditionStep:
+        from sagemaker.core.workflow import ConditionEquals
+        from sagemaker.mlops.workflow.condition_step import ConditionStep
+
+        return ConditionStep(
+            name=contract.APPROVED_GATE,
+            conditions=[ConditionEquals(left=self.parameters.approval_status, right=contract.APPROVED)],
+            if_steps=[deploy],
+            else_steps=[],
+            depends_on=[register],
+        )
+
+    # 8. Deploy: the deploy Lambda (steps/deploy.py) puts the new version on the endpoint.
+    def deploy(self, register: ModelStep) -> LambdaStep:
+        from sagemaker.core.lambda_helper import Lambda
+        from sagemaker.mlops.workflow.lambda_step import LambdaOutput, LambdaOutputTypeEnum, LambdaStep
+
+        deploy = self.cfg.deploy
+        return LambdaStep(
+            name=contract.DEPLOY,
+            lambda_func=Lambda(function_arn=self.cfg.deploy_lambda_arn, session=self.session),
+            inputs={
+                "model_package_arn": register.properties.ModelPackageArn,
+                "endpoint_name": self.parameters.endpoint_name,
+                "instance_type": deploy.instance_type,
+                "instance_count": deploy.instance_count,
+            },
+            outputs=[
+                LambdaOutput(output_name="endpoint_config_name", output_type=LambdaOutputTypeEnum.String),
+                LambdaOutput(output_name="action", output_type=LambdaOutputTypeEnum.String),
             ],
-        ),
-    )
-    gate = ConditionStep(
-        name=c.ACCURACY_GATE,
-        conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=threshold)],
-        if_steps=[register],
-        else_steps=[too_low],
-    )
+        )
+
+
+def build_pipeline(cfg: Config) -> Pipeline:
+    """Build the SageMaker Pipelines DAG for `cfg` (no AWS call is made)."""
+    offline_sdk(cfg.aws.region)
+    from sagemaker.core.workflow.properties import PropertyFile
+    from sagemaker.mlops.workflow.pipeline import Pipeline
+
+    steps = Steps(cfg)
+    report = PropertyFile(name=contract.PROPERTY_FILE, output_name=contract.EVALUATION_OUTPUT,
+                          path=contract.REPORT_FILE)
+    tokenize = steps.tokenize()
+    train = steps.train(tokenize)
+    evaluate = steps.evaluate(tokenize, train, report)
+    register = steps.register(train, evaluate, report)
+    accuracy_gate = steps.accuracy_gate(evaluate, report, register, steps.too_low(evaluate, report))
+    approved_gate = steps.approved_gate(register, steps.deploy(register))
     return Pipeline(
         name=cfg.pipeline.name,
-        parameters=parameters,
-        steps=[tokenize, train, evaluate, gate, approved_gate],
-        sagemaker_session=session,
+        parameters=steps.parameters.declared(),
+        steps=[tokenize, train, evaluate, accuracy_gate, approved_gate],
+        sagemaker_session=steps.session,
     )
 
 

@@ -1,8 +1,9 @@
-"""YAML 1.2 loading and dotted `KEY.PATH=VALUE` overrides of a nested config tree (no knowledge of the schema)."""
+"""Config files as trees (YAML 1.2) and dotted `KEY.PATH=VALUE` overrides of such trees (no knowledge of the schema)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -31,6 +32,19 @@ Loader.add_implicit_resolver(
 def load(text: str) -> Any:
     """Parse YAML 1.2-style: `5e-5` is a float, only true/false are booleans."""
     return yaml.load(text, Loader=Loader)
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """The YAML file `path` as a mapping of sections; a missing, broken or non-mapping file is a ConfigError."""
+    try:
+        tree = load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return tree
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline import contract
+
 
 @dataclass
 class StepView:
@@ -85,3 +87,32 @@ class RunSummary:
 
 
 OnUpdate = Callable[[ExecutionView], None]
+
+
+def run_summary(
+    execution: ExecutionView,
+    *,
+    report: dict | None,
+    registered: VersionView | None,
+    group: str,
+    deployed: dict[str, str] | None,
+    endpoint: str,
+    artifacts: str,
+    local: bool,
+    log_tail: Callable[[str], list[str]] = lambda step: [],
+) -> RunSummary:
+    """The summary of a finished run, from what its backend found: the evaluation `report` (its accuracy is what
+    the gate read), the `registered` version of `group`, the Deploy step's outputs (`deployed`, on `endpoint` unless
+    the execution named another), where its artifacts are, and the last log lines of a failed step."""
+    summary = RunSummary(execution, contract.report_accuracy(report), artifacts=artifacts)
+    summary.threshold = execution.parameters.get(contract.ACCURACY_THRESHOLD)
+    summary.failures = [(s.name, s.note, log_tail(s.name)) for s in execution.steps or [] if s.status == "Failed"]
+    if registered:
+        summary.registered, summary.group = registered, group
+        if registered.status != contract.APPROVED:
+            summary.approve_hint = f"trainium-pipeline models approve {registered.version}" + (" --local" * local)
+    if deployed is not None:
+        where = deployed.get("url") or deployed.get("endpoint_config_name", "")
+        name = execution.parameters.get(contract.ENDPOINT_NAME, endpoint)
+        summary.deployment = Deployment(name, deployed.get("action", ""), where)
+    return summary

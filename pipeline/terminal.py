@@ -1,18 +1,30 @@
-"""What the command modules share: the two consoles and the config that the global options name."""
+"""What the command modules share: the two consoles and the global options, which typer keeps in `ctx.obj`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
+from pipeline.backend import Backend, open_backend
 from pipeline.config import Config, load_config
 
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
-options: dict = {"config": Path("pipeline.yaml"), "set": []}
 
 
-def config() -> Config:
-    """The config file of --config with the --set overrides (and the TRAINIUM_PIPELINE_* environment)."""
-    return load_config(options["config"], options["set"])
+@dataclass(frozen=True)
+class Options:
+    """The global options: `--config FILE` and the `--set KEY=VALUE` overrides."""
+
+    config: Path = Path("pipeline.yaml")
+    sets: tuple[str, ...] = ()
+
+    def load(self, local: bool = False) -> Config:
+        """The config of --config with the TRAINIUM_PIPELINE_* environment and the --set overrides (`local`: its
+        local profile, the one `--local` commands use)."""
+        return load_config(self.config, self.sets, local=local)
+
+    def backend(self, local: bool, root: Path | None = None) -> Backend:
+        return open_backend(self.load(local), local, root)

@@ -76,7 +76,7 @@ def moto_session(no_network_module):
     """One moto session and one `Aws` for a module (a new session costs ~1 s); tests call `mock.reset()`."""
     from moto import mock_aws
 
-    from pipeline.aws import Aws
+    from pipeline.sagemaker.aws import Aws
 
     with mock_aws() as mock:
         yield mock, Aws("us-east-1")

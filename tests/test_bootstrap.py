@@ -20,10 +20,11 @@ import pytest
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
-from pipeline import bootstrap, config_file, triggers
-from pipeline.aws import Aws
-from pipeline.bootstrap import BootstrapError
+from pipeline import config_file
 from pipeline.config import load_config
+from pipeline.sagemaker import bootstrap, triggers
+from pipeline.sagemaker.aws import Aws
+from pipeline.sagemaker.bootstrap import BootstrapError
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = "trainium-bert-bootstrap"
@@ -232,7 +233,7 @@ def test_write_config_adds_a_missing_key_and_quotes_what_yaml_would_misread(tmp_
 def end_to_end(aws: Aws) -> None:
     """Bootstrap a fresh account, then upsert and triggers apply with only the outputs set."""
     from pipeline.definition import definition
-    from pipeline.upsert import upsert
+    from pipeline.sagemaker.upsert import upsert
 
     result = bootstrap.deploy_stack(fresh_config(), aws.client("cloudformation"), STACK, sleep=lambda s: None)
     sets = [line.removeprefix("--set ") for line in config_file.set_lines(bootstrap.config_updates(result.outputs))]

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from pipeline import compare as cmp
 from pipeline import views
-from pipeline.aws import Aws
 from pipeline.config import load_config
+from pipeline.sagemaker.aws import Aws
 
 DATA = f"s3://{BUCKET}/trainium-bert/executions/k3j9x2m5q7wz"
 RUN = "250301120000"

@@ -13,10 +13,11 @@ from botocore.validate import ParamValidator
 from fixtures_recorded import BUCKET, RECORDED, ROOT, cli, recorded_sagemaker, stats_tarball, train_stats
 from rich.console import Console
 
-from pipeline.aws import Aws, AwsError
 from pipeline.config import ConfigError, load_config
-from pipeline.cost import local_costs, sagemaker_costs
+from pipeline.local.backend import LocalBackend
 from pipeline.prices import DEFAULT_PRICES
+from pipeline.sagemaker.aws import Aws, AwsError
+from pipeline.sagemaker.cost import sagemaker_costs
 from pipeline.views import cost_table, throughput_lines
 
 SHIPPED = ROOT / "pipeline.yaml"
@@ -27,8 +28,8 @@ TRAIN_OUTPUT = f"s3://{BUCKET}/trainium-bert/executions/{EXECUTION}/model/pipeli
 STATS = train_stats(samples=6_840_000, seconds=1520.4, loss=0.2131, accuracy=0.9412)
 
 
-def config(*overrides: str):
-    return load_config(SHIPPED, [f"aws.bucket={BUCKET}", *overrides], environ={})
+def config(*overrides: str, local: bool = False):
+    return load_config(SHIPPED, [f"aws.bucket={BUCKET}", *overrides], environ={}, local=local)
 
 
 @pytest.fixture
@@ -178,11 +179,10 @@ def test_sagemaker_costs_raise_when_steps_cannot_be_listed(moto_session):
 def _local_execution(tmp_path: Path):
     """A finished local execution as the runner records it, with train.py's stats in the local S3 folder."""
     from pipeline.dag.parameters import resolve
-    from pipeline.local.runner import Execution, StepRecord
-    from pipeline.local.session import LocalAccount
+    from pipeline.local.execution import Execution, StepRecord
 
-    account = LocalAccount(config(), tmp_path)
-    definition = account.definition()
+    account = LocalBackend(config(local=True), tmp_path)
+    definition = account.definition
     parameters = resolve(definition, {"TrainInstanceType": "ml.trn1.2xlarge"})
     execution_id = "20250301100000-a1b2c3"
     model = f"s3://{BUCKET}/trainium-bert/executions/{execution_id}/model/train-20250301T100030-9f2e/output"
@@ -233,7 +233,7 @@ def _local_execution(tmp_path: Path):
 
 def test_local_cost_prices_wall_time_as_would_be_cost(tmp_path):
     account, execution_id = _local_execution(tmp_path)
-    report = local_costs(account, None, config().prices)
+    report = account.cost(None)
 
     assert report.where == "local" and report.execution == execution_id
     assert [(j.step, j.instance_type, j.basis) for j in report.jobs] == [
@@ -251,20 +251,18 @@ def test_local_cost_prices_wall_time_as_would_be_cost(tmp_path):
     assert "cost (if billed)" in _render(report)
 
     with pytest.raises(LookupError, match="no local execution nope"):
-        local_costs(account, "nope", config().prices)
+        account.cost("nope")
 
 
 def test_local_cost_prices_the_definition_the_execution_ran_not_todays_config(tmp_path):
     """The runner saves the definition beside execution.json; a config changed since does not re-price the past."""
-    from pipeline.local.session import LocalAccount
-
     _, execution_id = _local_execution(tmp_path)
-    changed = load_config(SHIPPED, [f"aws.bucket={BUCKET}", "tokenize.instance_type=ml.m5.xlarge"], environ={})
-    report = local_costs(LocalAccount(changed, tmp_path), execution_id, changed.prices)
+    changed = config("tokenize.instance_type=ml.m5.xlarge", local=True)
+    report = LocalBackend(changed, tmp_path).cost(execution_id)
     assert report.jobs[0].instance_type == "ml.m5.4xlarge"  # what ran, not today's ml.m5.xlarge
     (tmp_path / "executions" / "trainium-bert" / execution_id / "definition.json").unlink()
     with pytest.raises(LookupError, match="has no definition.json"):
-        local_costs(LocalAccount(changed, tmp_path), execution_id, changed.prices)
+        LocalBackend(changed, tmp_path).cost(execution_id)
 
 
 def test_cost_local_command_json(tmp_path, capsys):

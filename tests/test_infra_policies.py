@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.bootstrap import stack_parameters
 from pipeline.config import load_config
-from pipeline.policies import policies
+from pipeline.sagemaker.bootstrap import stack_parameters
+from pipeline.sagemaker.policies import policies
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCOUNT, REGION = "123456789012", "us-east-1"
@@ -291,7 +291,7 @@ def test_bucket_is_private_encrypted_versioned_and_tls_only():
 
 
 def test_the_outputs_name_config_keys_that_exist():
-    from pipeline.bootstrap import OUTPUT_KEYS
+    from pipeline.sagemaker.bootstrap import OUTPUT_KEYS
 
     assert set(TEMPLATE["Outputs"]) == set(OUTPUT_KEYS)
     for output, key in OUTPUT_KEYS.items():

@@ -19,7 +19,7 @@ from fixtures_ml import build_model, build_tokenizer
 
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.local.session import LocalAccount
+from pipeline.local.backend import LocalBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +45,7 @@ def setup(tmp_path_factory):
         "local.processes=2",
         "evaluation.sample_size=10",  # fewer than the 24 test rows: the gate must still see all of them
     ]
-    account = LocalAccount(load_config(ROOT / "pipeline.yaml", overrides, environ={}), folder / "local")
+    account = LocalBackend(load_config(ROOT / "pipeline.yaml", overrides, environ={}, local=True), folder / "local")
     yield folder, overrides, account
     account.stop_endpoint()
 
@@ -68,7 +68,7 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     sets = [arg for o in overrides for arg in ("--set", o)]
     code, out = cli(capsys, *sets, "run", "--local", "--root", str(folder / "local"), "-p", "AccuracyThreshold=0.0")
     assert code == 0, out
-    (execution,) = account.executions()
+    (execution,) = account.records()
     assert execution.status == "Succeeded"
     assert {n: r.status for n, r in execution.steps.items()} == {
         "Tokenize": "Succeeded",
@@ -106,7 +106,7 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     assert version.environment["INFERENCE_QUANTIZE"] == report["inference"]["quantize"]
     assert version.environment["INFERENCE_MAX_TEXTS"] == "256"
 
-    state = account.endpoint_state()
+    state = account.services.endpoint_state()
     assert state and state["running"]
     url = f"http://127.0.0.1:{state['port']}"
     assert f"curl -s {url}/invocations" in out

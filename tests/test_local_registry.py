@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.local.registry import APPROVED, PENDING, REJECTED, ModelNotFoundError, Registry
+from pipeline.contract import APPROVED, PENDING, REJECTED
+from pipeline.local.registry import ModelNotFoundError, Registry
 
 ROOT = Path(__file__).resolve().parents[1]
-EVALUATION = {"metrics": {"accuracy": {"value": 0.91, "standard_deviation": "NaN"}, "f1": {"value": 0.9}}}
+EVALUATION = {  # evaluation.json's shape: the accuracy where the gate reads it (contract.ACCURACY_PATH)
+    "binary_classification_metrics": {"accuracy": {"value": 0.91, "standard_deviation": "NaN"}, "f1": {"value": 0.9}}
+}
 
 
 @pytest.fixture
@@ -118,8 +121,8 @@ def test_describe_has_the_shape_of_describe_model_package(registry: Registry, ar
     bare = registry.register("bert", "s3://bucket/model.tar.gz", approval_status=PENDING)
     assert bare.model_data == "s3://bucket/model.tar.gz"
     assert bare.accuracy is None and "ModelMetrics" not in bare.describe() and bare.environment == {}
-    flat = registry.register("bert", artifact, approval_status=PENDING, metrics={"accuracy": 0.5})
-    assert flat.accuracy == 0.5
+    other = registry.register("bert", artifact, approval_status=PENDING, metrics={"accuracy": 0.5})
+    assert other.accuracy is None  # not an evaluation report: no accuracy is guessed from another shape
 
 
 def test_two_processes_register_at_once(registry: Registry, artifact: Path):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.local.runner import Execution, LocalRunner
+from pipeline.local.execution import Execution
+from pipeline.local.runner import LocalRunner
 from pipeline.local.storage import LocalS3
 
 JOB = """

@@ -1,4 +1,4 @@
-"""EventBridge triggers (pipeline/triggers.py) against moto, in-process.
+"""EventBridge triggers (pipeline/sagemaker/triggers.py) against moto, in-process.
 
 moto delivers put_events to SQS with real pattern matching, but raises for a Lambda or SageMaker pipeline
 target. So event routing is tested by an SQS queue added as an extra target of the approval rule, with
@@ -18,10 +18,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from pipeline import triggers
-from pipeline.aws import AwsError
 from pipeline.config import Triggers, load_config
-from pipeline.policies import policies
+from pipeline.sagemaker import triggers
+from pipeline.sagemaker.aws import AwsError
+from pipeline.sagemaker.policies import policies
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"

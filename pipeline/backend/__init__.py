@@ -1,4 +1,4 @@
-"""Where the pipeline runs, behind one interface: SageMaker (`AwsBackend`) or this machine (`LocalBackend`).
+"""Where the pipeline runs, behind one protocol: SageMaker (pipeline.sagemaker) or this machine (pipeline.local).
 
 The CLI reads the config, calls a backend and hands the records it returns (pipeline.records) to pipeline.views;
 it never asks which backend it has.
@@ -6,6 +6,7 @@ it never asks which backend it has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -44,15 +45,21 @@ class Backend(Protocol):
 
     def deploy(self, version: int) -> Deployment: ...
 
+    def serve(self, version: int | None, port: int | None, on_ready: Callable[[str, VersionView], None]) -> None:
+        """Serve a version (default: the latest Approved) on 127.0.0.1 in the foreground until Ctrl-C."""
+
+    def stop_endpoint(self) -> bool:
+        """Stop the endpoint left running in the background; False when none was running."""
+
     def cost(self, execution: str | None) -> ExecutionCost: ...
 
 
 def open_backend(cfg: Config, local: bool, root: Path | None = None) -> Backend:
-    """The local backend (rooted at `root`, default local.root) or SageMaker's."""
+    """The local backend (rooted at `root`, default local.root; `cfg` its local profile) or SageMaker's."""
     if local:
-        from pipeline.backend.local import LocalBackend
+        from pipeline.local.backend import LocalBackend
 
         return LocalBackend(cfg, root)
-    from pipeline.backend.aws import AwsBackend
+    from pipeline.sagemaker.backend import SageMakerBackend
 
-    return AwsBackend(cfg)
+    return SageMakerBackend(cfg)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.aws import Aws, explained
 from pipeline.compare.plan import DEVICES
 from pipeline.config import Config
-from pipeline.cost import TrainingStats, sagemaker_training_stats
+from pipeline.cost import TrainingStats
 from pipeline.prices import PRICING_URL, JobCost, per_million, training_job_cost
+from pipeline.sagemaker.aws import Aws, explained
+from pipeline.sagemaker.cost import sagemaker_training_stats
 
 RATIOS = ("wall_seconds", "billable_seconds", "samples_per_sec", "cost", "cost_per_million_samples")
 

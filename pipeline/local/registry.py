@@ -21,13 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pipeline.contract import APPROVAL_STATUSES, APPROVED, REJECTED, report_accuracy
 from pipeline.errors import UserError
-
-PENDING = "PendingManualApproval"
-APPROVED = "Approved"
-REJECTED = "Rejected"
-APPROVAL_STATUSES = (PENDING, APPROVED, REJECTED)
-ARN_PREFIX = "arn:aws:sagemaker:local:000000000000"
+from pipeline.local.storage import LOCAL_ARN
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS model_package_groups (
@@ -70,23 +66,6 @@ def _check_status(status: str) -> str:
     return status
 
 
-def _find_accuracy(metrics: Any, depth: int = 0) -> float | None:
-    """The accuracy in evaluation.json's shape ({"binary_classification_metrics": {"accuracy": {"value": x}}}) or a
-    flatter one."""
-    if not isinstance(metrics, Mapping) or depth > 3:
-        return None
-    value = metrics.get("accuracy")
-    if isinstance(value, Mapping):
-        value = value.get("value")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    for child in metrics.values():
-        found = _find_accuracy(child, depth + 1)
-        if found is not None:
-            return found
-    return None
-
-
 @dataclass(frozen=True)
 class ModelVersion:
     """One model package version. Times are UTC ISO-8601 strings."""
@@ -109,7 +88,7 @@ class ModelVersion:
 
     @property
     def arn(self) -> str:
-        return f"{ARN_PREFIX}:model-package/{self.group}/{self.version}"
+        return f"{LOCAL_ARN}:model-package/{self.group}/{self.version}"
 
     @property
     def status(self) -> str:
@@ -123,8 +102,8 @@ class ModelVersion:
 
     @property
     def accuracy(self) -> float | None:
-        """Accuracy from the metrics, or None when they have none."""
-        return _find_accuracy(self.metrics)
+        """The accuracy of the evaluation report in the metrics (where the gate reads it), None without one."""
+        return report_accuracy(self.metrics)
 
     def describe(self) -> dict[str, Any]:
         """This version in the shape of boto3's `describe_model_package` response (times as datetimes)."""

@@ -1,14 +1,62 @@
-"""S3 on the local disk: `s3://bucket/key` is the folder (or file) `<root>/s3/bucket/key`."""
+"""The local account on disk, one folder (`local.root`, default `.local/`) with one layout:
+
+    s3/<bucket>/<key>                      S3 (`LocalS3`)
+    pipelines/<pipeline>/definition.json   what `upsert --local` stored
+    executions/<pipeline>/<id>/            one execution: execution.json, definition.json (what it ran), a log and a
+                                           working folder per step
+    cache/<pipeline>/<key>.json            step caching: the properties of a job step, by its cache key
+    registry.sqlite                        the model registry
+    endpoints/<endpoint>.json              the state of a detached local endpoint
+"""
 
 from __future__ import annotations
 
 import hashlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+LOCAL_ARN = "arn:aws:sagemaker:local:000000000000"  # the local account in ARNs
+DEFINITION_FILE = "definition.json"
+RECORD_FILE = "execution.json"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each thing of the local account lives under `root`."""
+
+    root: Path
+
+    @classmethod
+    def at(cls, root: str | Path) -> Layout:
+        return cls(Path(root).resolve())
+
+    @property
+    def s3(self) -> LocalS3:
+        return LocalS3(self.root)
+
+    def pipeline_definition(self, pipeline: str) -> Path:
+        return self.root / "pipelines" / pipeline / DEFINITION_FILE
+
+    def executions(self, pipeline: str) -> Path:
+        return self.root / "executions" / pipeline
+
+    def execution(self, pipeline: str, execution_id: str) -> Path:
+        return self.executions(pipeline) / execution_id
+
+    def cache(self, pipeline: str) -> Path:
+        return self.root / "cache" / pipeline
+
+    @property
+    def registry(self) -> Path:
+        return self.root / "registry.sqlite"
+
+    def endpoint_state(self, endpoint: str) -> Path:
+        return self.root / "endpoints" / f"{endpoint}.json"
 
 
 class LocalS3:
-    """Maps S3 URIs to paths under `root` and copies between them and job folders."""
+    """Maps S3 URIs to paths under `<root>/s3` and copies between them and job folders."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()

@@ -8,12 +8,12 @@ import io
 import json
 import zipfile
 
-from pipeline.aws import MAX_INLINE_DEFINITION, Aws, explained, split_s3_uri
 from pipeline.code import bundles
 from pipeline.config import Config
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.requests import check_job_steps
 from pipeline.records import Upserted
+from pipeline.sagemaker.aws import MAX_INLINE_DEFINITION, Aws, explained, split_s3_uri
 
 LAMBDA_RUNTIME = "python3.12"
 LAMBDA_HANDLER = "deploy.lambda_handler"

@@ -8,16 +8,16 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from pipeline.aws import explain
+from pipeline.code import PROJECT_ROOT
 from pipeline.config import Config
 from pipeline.errors import UserError
+from pipeline.sagemaker.aws import explain
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "infra" / "template.yaml"
+TEMPLATE = PROJECT_ROOT / "infra" / "template.yaml"
 CAPABILITIES = ["CAPABILITY_IAM"]  # the roles get generated names: no CAPABILITY_NAMED_IAM
 # stack output -> config key (KmsKeyArn only exists with UseKmsKey=true)
 OUTPUT_KEYS = {

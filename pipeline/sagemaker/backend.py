@@ -1,26 +1,35 @@
-"""The pipeline on SageMaker: upsert, executions, the Model Registry, deployment and cost, through pipeline.aws."""
+"""The pipeline on SageMaker behind the Backend protocol: upsert, executions, the Model Registry, deployment and
+cost, through the boto3 layer (pipeline.sagemaker.aws)."""
 
 from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from pipeline import contract, executions, models_aws
-from pipeline.aws import Aws, AwsError, explained, split_s3_uri
+from pipeline import contract
 from pipeline.code import load_deploy_handler
 from pipeline.config import Config
-from pipeline.cost import ExecutionCost, sagemaker_costs
+from pipeline.cost import ExecutionCost
 from pipeline.dag.parameters import ParameterError, as_request, resolve
-from pipeline.records import Approval, Deployment, ExecutionView, OnUpdate, RunSummary, Upserted, VersionView
-from pipeline.upsert import upsert
+from pipeline.errors import UserError
+from pipeline.records import Approval, Deployment, VersionView, run_summary
+from pipeline.sagemaker import executions, registry
+from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
+from pipeline.sagemaker.cost import sagemaker_costs
+from pipeline.sagemaker.upsert import upsert
+
+if TYPE_CHECKING:
+    from pipeline.records import ExecutionView, OnUpdate, RunSummary, Upserted
 
 
 def version_view(row: dict) -> VersionView:
     return VersionView(row["version"], row["status"], row["accuracy"], str(row["created"]), arn=row.get("arn", ""))
 
 
-class AwsBackend:
+class SageMakerBackend:
     """One pipeline (cfg.pipeline.name) in one account and region."""
 
     def __init__(self, cfg: Config) -> None:
@@ -54,10 +63,7 @@ class AwsBackend:
         if execution and execution.startswith("arn:"):
             return execution
         if execution:
-            return (
-                f"arn:aws:sagemaker:{self.cfg.aws.region}:{self.cfg.aws.account}:pipeline/"
-                f"{self.cfg.pipeline.name.lower()}/execution/{execution}"
-            )
+            return f"{self.cfg.pipeline_arn}/execution/{execution}"
         with explained(f"list executions of {self.cfg.pipeline.name}"):
             arn = self.aws.latest_execution_arn(self.cfg.pipeline.name)
         if not arn:
@@ -83,34 +89,30 @@ class AwsBackend:
 
     def summary(self, execution: ExecutionView) -> RunSummary:
         details = {s.name: s.details for s in execution.steps or []}
-        report = self._evaluation(details)
-        summary = RunSummary(execution, threshold=execution.parameters.get(contract.ACCURACY_THRESHOLD))
-        if report:
-            summary.accuracy = report["binary_classification_metrics"]["accuracy"]["value"]
-        summary.failures = [(s.name, s.note, []) for s in execution.steps or [] if s.status == "Failed"]
         package = details.get(contract.REGISTER, {}).get("RegisterModel", {}).get("Arn")
+        registered = None
         if package:
-            version = int(package.rsplit("/", 1)[-1])
-            summary.registered = version_view(models_aws.describe(self.aws, self.group, version))
-            summary.group = self.group
-            if summary.registered.status != contract.APPROVED:
-                summary.approve_hint = f"trainium-pipeline models approve {version}"
+            registered = version_view(registry.describe(self.aws, self.group, int(package.rsplit("/", 1)[-1])))
         deployed = details.get(contract.DEPLOY, {}).get("Lambda", {}).get("OutputParameters", [])
-        if deployed:
-            outputs = {o["Name"]: o["Value"] for o in deployed}
-            name = execution.parameters.get(contract.ENDPOINT_NAME, self.cfg.deploy.endpoint_name)
-            summary.deployment = Deployment(name, outputs.get("action", ""), outputs.get("endpoint_config_name", ""))
-        summary.artifacts = f"{self.cfg.s3_root}/executions/{execution.id}"
-        return summary
+        return run_summary(
+            execution,
+            report=self._evaluation(details),
+            registered=registered,
+            group=self.group,
+            deployed={o["Name"]: o["Value"] for o in deployed} if deployed else None,
+            endpoint=self.cfg.deploy.endpoint_name,
+            artifacts=f"{self.cfg.s3_root}/executions/{execution.id}",
+            local=False,
+        )
 
     def versions(self, status: str | None) -> list[VersionView]:
-        return [version_view(row) for row in models_aws.list_versions(self.aws, self.group, status)]
+        return [version_view(row) for row in registry.list_versions(self.aws, self.group, status)]
 
     def describe_version(self, version: int) -> dict:
-        return models_aws.describe(self.aws, self.group, version)
+        return registry.describe(self.aws, self.group, version)
 
     def set_status(self, version: int, status: str, note: str) -> Approval:
-        changed = version_view(models_aws.set_status(self.aws, self.group, version, status, note))
+        changed = version_view(registry.set_status(self.aws, self.group, version, status, note))
         hint = ""
         if status == contract.APPROVED:
             hint = f"the deploy-on-approval rule (triggers apply) deploys it, or: trainium-pipeline deploy {version}"
@@ -118,23 +120,30 @@ class AwsBackend:
 
     def deploy(self, version: int) -> Deployment:
         handler = load_deploy_handler()
-        arn = models_aws.describe(self.aws, self.group, version)["arn"]
-        d = self.cfg.deploy
+        arn = registry.describe(self.aws, self.group, version)["arn"]
+        settings = self.cfg.deploy
         try:
             with explained(f"deploy version {version}"):
                 result = handler.deploy(
                     self.aws.sagemaker,
                     arn,
-                    d.endpoint_name,
-                    d.instance_type,
-                    d.instance_count,
+                    settings.endpoint_name,
+                    settings.instance_type,
+                    settings.instance_count,
                     role_arn=self.cfg.aws.role_arn,
-                    data_capture_s3_uri=d.data_capture_s3_uri,
-                    guardrails_alarm=d.guardrails_alarm,
+                    data_capture_s3_uri=settings.data_capture_s3_uri,
+                    guardrails_alarm=settings.guardrails_alarm,
                 )
         except (handler.NotApproved, handler.DeployError) as e:
             raise AwsError(str(e)) from None
         return Deployment(result["endpoint_name"], result["action"], f"config {result['endpoint_config_name']}")
+
+    def serve(self, version: int | None, port: int | None, on_ready: Callable[[str, VersionView], None]) -> None:
+        raise UserError("serve runs a version of the local registry on this machine; a SageMaker version is served "
+                        "by its endpoint (trainium-pipeline deploy N)")
+
+    def stop_endpoint(self) -> bool:
+        raise UserError("serve --stop stops the local endpoint; a SageMaker endpoint is managed by deploy")
 
     def cost(self, execution: str | None) -> ExecutionCost:
         return sagemaker_costs(self.aws, self._arn(execution), self.cfg.prices)

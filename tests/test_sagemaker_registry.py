@@ -1,11 +1,11 @@
-"""The Model Registry commands' layer (pipeline/models_aws.py) against moto, in-process."""
+"""The Model Registry commands' layer (pipeline/sagemaker/registry.py) against moto, in-process."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline import models_aws
-from pipeline.aws import AwsError
+from pipeline.sagemaker import registry
+from pipeline.sagemaker.aws import AwsError
 
 REGION = "us-east-1"
 GROUP = "trainium-bert"
@@ -36,7 +36,7 @@ def aws(moto_session):
 
 
 def test_list_is_newest_first_with_accuracy(aws):
-    rows = models_aws.list_versions(aws, GROUP)
+    rows = registry.list_versions(aws, GROUP)
     assert [r["version"] for r in rows] == [3, 2, 1]
     assert [r["accuracy"] for r in rows] == [None, 0.91, 0.88]
     assert {r["status"] for r in rows} == {"PendingManualApproval"}
@@ -52,17 +52,17 @@ def test_list_is_paginated(aws, monkeypatch):
         return paginator(name)
 
     monkeypatch.setattr(aws.sagemaker, "get_paginator", spy)
-    assert len(models_aws.list_versions(aws, GROUP)) == 3
+    assert len(registry.list_versions(aws, GROUP)) == 3
     assert seen == ["list_model_packages"]
 
 
 def test_approve_and_reject_change_status_and_keep_metadata(aws):
-    approved = models_aws.set_status(aws, GROUP, 2, "Approved", note="looks good")
+    approved = registry.set_status(aws, GROUP, 2, "Approved", note="looks good")
     assert approved["status"] == "Approved" and approved["approval_description"] == "looks good"
     assert approved["accuracy"] == 0.91
-    rejected = models_aws.set_status(aws, GROUP, "1", "Rejected")
+    rejected = registry.set_status(aws, GROUP, "1", "Rejected")
     assert rejected["status"] == "Rejected"
-    rows = {r["version"]: r for r in models_aws.list_versions(aws, GROUP)}
+    rows = {r["version"]: r for r in registry.list_versions(aws, GROUP)}
     assert (rows[1]["status"], rows[2]["status"], rows[3]["status"]) == (
         "Rejected",
         "Approved",
@@ -72,17 +72,17 @@ def test_approve_and_reject_change_status_and_keep_metadata(aws):
 
 
 def test_list_filters_by_status(aws):
-    models_aws.set_status(aws, GROUP, 1, "Approved")
-    models_aws.set_status(aws, GROUP, 3, "Approved")
-    assert [r["version"] for r in models_aws.list_versions(aws, GROUP, status="Approved")] == [3, 1]
-    assert [r["version"] for r in models_aws.list_versions(aws, GROUP, status="PendingManualApproval")] == [2]
-    assert models_aws.list_versions(aws, GROUP, status="Rejected") == []
+    registry.set_status(aws, GROUP, 1, "Approved")
+    registry.set_status(aws, GROUP, 3, "Approved")
+    assert [r["version"] for r in registry.list_versions(aws, GROUP, status="Approved")] == [3, 1]
+    assert [r["version"] for r in registry.list_versions(aws, GROUP, status="PendingManualApproval")] == [2]
+    assert registry.list_versions(aws, GROUP, status="Rejected") == []
     with pytest.raises(ValueError, match="expected one of"):
-        models_aws.list_versions(aws, GROUP, status="Maybe")
+        registry.list_versions(aws, GROUP, status="Maybe")
 
 
 def test_describe(aws):
-    info = models_aws.describe(aws, GROUP, 2)
+    info = registry.describe(aws, GROUP, 2)
     assert info["version"] == 2 and info["group"] == GROUP
     assert info["description"] == "BERT sentiment"
     assert info["model_data"] == "s3://b/m.tar.gz" and info["image"].endswith("hf:cpu")
@@ -91,11 +91,11 @@ def test_describe(aws):
 
 def test_unknown_version_and_group_are_one_line_errors(aws):
     with pytest.raises(AwsError, match="has no version 9"):
-        models_aws.describe(aws, GROUP, 9)
+        registry.describe(aws, GROUP, 9)
     with pytest.raises(AwsError, match="has no version 1"):
-        models_aws.set_status(aws, "missing-group", 1, "Approved")
+        registry.set_status(aws, "missing-group", 1, "Approved")
     with pytest.raises(ValueError, match="expected one of"):
-        models_aws.set_status(aws, GROUP, 1, "approved")
+        registry.set_status(aws, GROUP, 1, "approved")
 
 
 def test_aws_errors_are_explained(aws, monkeypatch):
@@ -106,4 +106,4 @@ def test_aws_errors_are_explained(aws, monkeypatch):
 
     monkeypatch.setattr(aws.sagemaker, "describe_model_package", denied)
     with pytest.raises(AwsError, match="describe model package .*AccessDeniedException.*lack this permission"):
-        models_aws.list_versions(aws, GROUP)
+        registry.list_versions(aws, GROUP)

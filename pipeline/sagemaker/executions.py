@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from pipeline.aws import Aws, explained
 from pipeline.records import ExecutionView, OnUpdate, StepView
+from pipeline.sagemaker.aws import Aws, explained
 
 TERMINAL = {"Succeeded", "Failed", "Stopped"}
 STEP_TYPES = {  # ListPipelineExecutionSteps says a step's type through its Metadata key

@@ -13,9 +13,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from pipeline.aws import Aws, AwsError, explained, split_s3_uri
 from pipeline.config import Config
 from pipeline.contract import APPROVED, MODEL_PACKAGE_EVENT
+from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
 
 DEPLOY_TARGET_ID = "deploy-lambda"
 PIPELINE_TARGET_ID = "start-pipeline"

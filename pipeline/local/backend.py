@@ -1,0 +1,195 @@
+"""The pipeline on this machine behind the Backend protocol: the local runner, registry and endpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline import contract
+from pipeline.code import bundles
+from pipeline.config import Config
+from pipeline.cost import ExecutionCost
+from pipeline.dag.graph import changed_steps
+from pipeline.dag.parameters import resolve
+from pipeline.errors import UserError
+from pipeline.local.cost import local_costs
+from pipeline.local.endpoint import serve_forever
+from pipeline.local.execution import Execution, ExecutionNotFound, StepRecord
+from pipeline.local.registry import ModelVersion, Registry
+from pipeline.local.runner import LocalRunner
+from pipeline.local.services import LocalServices
+from pipeline.local.storage import DEFINITION_FILE, LOCAL_ARN, RECORD_FILE, Layout
+from pipeline.records import Approval, Deployment, Upserted, VersionView, run_summary
+
+if TYPE_CHECKING:
+    from pipeline.records import ExecutionView, OnUpdate, RunSummary
+
+LOG_TAIL = 15
+
+
+def version_view(version: ModelVersion) -> VersionView:
+    return VersionView(version.version, version.status, version.accuracy, version.created, version.note, version.arn)
+
+
+class LocalBackend:
+    """One local account (a folder, default local.root) holding the pipeline, its executions and registry.
+
+    `cfg` is the local profile of the config (load_config(..., local=True)).
+    """
+
+    def __init__(self, cfg: Config, root: Path | None = None) -> None:
+        self.cfg = cfg
+        self.layout = Layout.at(root or cfg.local.root)
+        self.s3 = self.layout.s3
+        self.registry = Registry(self.layout.registry)
+        self.services = LocalServices(cfg, self.layout, self.registry)
+        self.pipeline = cfg.pipeline.name
+        self.group = cfg.pipeline.model_package_group
+
+    @cached_property
+    def definition(self) -> dict:
+        """The definition of the config (what upsert stores), built once."""
+        from pipeline.definition import definition
+
+        return json.loads(definition(self.cfg))
+
+    def check(self, parameters: dict[str, str]) -> None:
+        resolve(self.definition, parameters)
+
+    def upsert(self) -> Upserted:
+        """What `upsert` does on AWS: put the step code at its content-hashed keys and store the definition."""
+        stored = self.layout.pipeline_definition(self.pipeline)
+        report = Upserted(action="updated" if stored.exists() else "created",
+                          pipeline_arn=f"{LOCAL_ARN}:pipeline/{self.pipeline.lower()}",
+                          deploy_function="local (steps/deploy.py's local counterpart)")
+        for bundle in bundles().values():
+            for uri, data in bundle.uploads(self.cfg.s3_root).items():
+                if self.s3.path(uri).exists():
+                    report.skipped.append(uri)
+                else:
+                    self.s3.put_bytes(uri, data)
+                    report.uploaded.append(uri)
+        report.steps = changed_steps(json.loads(stored.read_text()) if stored.exists() else None, self.definition)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.write_text(json.dumps(self.definition, indent=2))
+        return report
+
+    def start(
+        self, parameters: dict[str, str], *, wait: bool, use_cache: bool, on_update: OnUpdate, poll: float = 0.0
+    ) -> ExecutionView:
+        """Run the upserted pipeline on this machine (always to its end: `wait` changes nothing)."""
+        return self.run(parameters, use_cache=use_cache, on_update=lambda e: on_update(e.view())).view()
+
+    def run(
+        self,
+        parameters: dict[str, str],
+        *,
+        use_cache: bool = True,
+        on_update: Callable[[Execution], None] | None = None,
+    ) -> Execution:
+        """Execute the upserted pipeline definition end to end on this machine."""
+        stored = self.layout.pipeline_definition(self.pipeline)
+        if not stored.exists():
+            raise ExecutionNotFound(f"no local pipeline {self.pipeline} yet: run `trainium-pipeline run --local`")
+        runner = LocalRunner(json.loads(stored.read_text()), self.pipeline, self.layout.root,
+                             processes=self.cfg.local.processes, use_cache=use_cache, services=self.services,
+                             on_update=on_update)
+        return runner.run(parameters)
+
+    def records(self) -> list[Execution]:
+        """The pipeline's local executions, newest first."""
+        found = [Execution.load(p) for p in self.layout.executions(self.pipeline).glob(f"*/{RECORD_FILE}")]
+        return sorted(found, key=lambda e: (e.started, e.id), reverse=True)
+
+    def record(self, execution: str | None) -> Execution:
+        """The latest execution, or the one with this id or ARN."""
+        chosen = next((e for e in self.records() if execution in (None, e.id, e.arn)), None)
+        if chosen is None:
+            raise ExecutionNotFound(f"no local execution {execution}" if execution else "no local executions yet")
+        return chosen
+
+    def ran_definition(self, execution: Execution) -> dict:
+        """The definition `execution` ran (saved beside its record)."""
+        path = self.layout.execution(execution.pipeline, execution.id) / DEFINITION_FILE
+        if not path.exists():
+            raise ExecutionNotFound(f"local execution {execution.id} has no {DEFINITION_FILE} (an older runner's)")
+        return json.loads(path.read_text())
+
+    def execution(self, execution: str | None) -> ExecutionView:
+        return self.record(execution).view()
+
+    def executions(self, limit: int) -> list[ExecutionView]:
+        return [e.view() for e in self.records()[:limit]]
+
+    def _evaluation(self, evaluate: StepRecord | None) -> dict | None:
+        """The evaluation report that the Evaluate step wrote, if it did."""
+        outputs = evaluate.properties.get("ProcessingOutputConfig", {}).get("Outputs", {}) if evaluate else {}
+        if contract.EVALUATION_OUTPUT not in outputs:
+            return None
+        report = self.s3.path(outputs[contract.EVALUATION_OUTPUT]["S3Output"]["S3Uri"]) / contract.REPORT_FILE
+        return json.loads(report.read_text()) if report.exists() else None
+
+    def summary(self, execution: ExecutionView) -> RunSummary:
+        steps = self.record(execution.id).steps
+        register, deploy = steps.get(contract.REGISTER), steps.get(contract.DEPLOY)
+        registered = None
+        if register and register.status == "Succeeded":
+            registered = version_view(self.registry.get(self.group, register.properties["ModelPackageVersion"]))
+
+        def log_tail(step: str) -> list[str]:
+            log = Path(steps[step].log) if steps[step].log else None
+            return log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if log and log.exists() else []
+
+        return run_summary(
+            execution,
+            report=self._evaluation(steps.get(contract.EVALUATE)),
+            registered=registered,
+            group=self.group,
+            deployed=deploy.properties.get("OutputParameters", {}) if deploy and deploy.status == "Succeeded" else None,
+            endpoint=self.cfg.deploy.endpoint_name,
+            artifacts=str(self.layout.execution(execution.pipeline, execution.id)),
+            local=True,
+            log_tail=log_tail,
+        )
+
+    def versions(self, status: str | None) -> list[VersionView]:
+        return [version_view(v) for v in self.registry.list(self.group, status=status)]
+
+    def describe_version(self, version: int) -> dict:
+        return self.registry.get(self.group, version).describe()
+
+    def set_status(self, version: int, status: str, note: str) -> Approval:
+        """Approving deploys at once, as the deploy-on-approval rule does on AWS."""
+        changed = self.registry.set_status(self.group, version, status, note)
+        deployment = self._deploy(changed) if status == contract.APPROVED else None
+        return Approval(version_view(changed), deployment)
+
+    def _deploy(self, version: ModelVersion) -> Deployment:
+        result = self.services.deploy(version)
+        return Deployment(self.cfg.deploy.endpoint_name, result["action"], result["url"])
+
+    def deploy(self, version: int) -> Deployment:
+        return self._deploy(self.registry.get(self.group, version))
+
+    def serve(self, version: int | None, port: int | None, on_ready: Callable[[str, VersionView], None]) -> None:
+        chosen = self.registry.get(self.group, version) if version else self.registry.latest_approved(self.group)
+        if chosen is None:
+            raise UserError("no Approved model version in the local registry; run `run --local` first")
+        serve_forever(
+            Path(chosen.model_data),
+            self.cfg.deploy.endpoint_name,
+            port or self.cfg.local.port,
+            version=str(chosen.version),
+            on_ready=lambda url: on_ready(url, version_view(chosen)),
+            environment=chosen.environment,
+        )
+
+    def stop_endpoint(self) -> bool:
+        return self.services.stop_endpoint()
+
+    def cost(self, execution: str | None) -> ExecutionCost:
+        chosen = self.record(execution)
+        return local_costs(chosen, self.ran_definition(chosen), self.s3, self.cfg.prices)

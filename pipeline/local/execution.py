@@ -1,0 +1,163 @@
+"""A local execution: its record (`execution.json`, what `status --local` shows) and its state while it runs."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pipeline.dag.expressions import Context, json_file_loader
+from pipeline.dag.graph import StepGraph
+from pipeline.errors import UserError
+from pipeline.local.storage import LOCAL_ARN, RECORD_FILE, LocalS3
+from pipeline.records import ExecutionView, StepView
+
+MASK = "<execution>"  # the execution's id and ARN as step caching sees them: a new execution may reuse a step
+UNFINISHED = ("Failed", "NotStarted", "Stopped")  # a step after one of these does not start
+
+
+class ExecutionNotFound(UserError, LookupError):
+    """No local execution with that id."""
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class StepRecord:
+    name: str
+    type: str
+    status: str = "Pending"
+    started: str = ""
+    ended: str = ""
+    seconds: float = 0.0
+    reason: str = ""
+    cached: bool = False
+    log: str = ""
+    properties: dict = field(default_factory=dict)
+
+    def view(self) -> StepView:
+        seconds = self.seconds if self.started else None
+        note = "cache hit" if self.cached else self.reason
+        return StepView(self.name, self.status, self.type, self.started, seconds, note, self.properties)
+
+
+@dataclass
+class Execution:
+    id: str
+    arn: str
+    pipeline: str
+    status: str
+    started: str
+    parameters: dict[str, Any]
+    steps: dict[str, StepRecord]
+    ended: str = ""
+    failure_reason: str = ""
+
+    @classmethod
+    def new(cls, pipeline: str, parameters: dict[str, Any], steps: dict[str, str]) -> Execution:
+        """A new execution of `pipeline` with these parameter values; `steps`: name -> type, in run order."""
+        execution_id = f"{datetime.now():%Y%m%d%H%M%S}-{secrets.token_hex(3)}"
+        return cls(
+            id=execution_id,
+            arn=f"{LOCAL_ARN}:pipeline/{pipeline.lower()}/execution/{execution_id}",
+            pipeline=pipeline,
+            status="Executing",
+            started=now(),
+            parameters=parameters,
+            steps={name: StepRecord(name, kind) for name, kind in steps.items()},
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / RECORD_FILE).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: Path) -> Execution:
+        data = json.loads(path.read_text())
+        data["steps"] = {k: StepRecord(**v) for k, v in data["steps"].items()}
+        return cls(**data)
+
+    def view(self) -> ExecutionView:
+        return ExecutionView(
+            id=self.id,
+            arn=self.arn,
+            pipeline=self.pipeline,
+            status=self.status,
+            started=self.started,
+            ended=self.ended,
+            steps=[record.view() for record in self.steps.values()],
+            parameters={k: str(v) for k, v in self.parameters.items()},
+            failure_reason=self.failure_reason,
+        )
+
+
+class ExecutionState:
+    """What one run knows as it goes: its record, what expressions see, and which branch each condition took."""
+
+    def __init__(self, execution: Execution, graph: StepGraph, s3: LocalS3) -> None:
+        self.execution = execution
+        self.graph = graph
+        self.s3 = s3
+        variables = {
+            "PipelineExecutionId": execution.id,
+            "PipelineExecutionArn": execution.arn,
+            "PipelineName": execution.pipeline,
+            "PipelineExecutionDisplayName": execution.id,
+            "ExecutionStartTime": execution.started,
+            "CurrentDateTime": execution.started,
+        }
+        self.context = Context(parameters=execution.parameters, execution=variables)
+        self.masked = Context(  # the same values, but for the id and ARN of this execution
+            parameters=execution.parameters,
+            execution={**variables, "PipelineExecutionId": MASK, "PipelineExecutionArn": MASK},
+            properties=self.context.properties,
+            property_files=self.context.property_files,
+        )
+        self.outcomes: dict[str, str] = {}  # condition step -> "IfSteps" | "ElseSteps"
+
+    def record(self, name: str) -> StepRecord:
+        return self.execution.steps[name]
+
+    def blocked(self, name: str) -> tuple[str, str] | None:
+        """(status, reason) when step `name` must not run: an upstream step did not succeed or was skipped, or it
+        is in the branch its condition did not take."""
+        upstream = {self.record(d).status for d in self.graph.depends[name]}
+        if upstream & set(UNFINISHED):
+            return "NotStarted", "an upstream step did not succeed"
+        branch = self.graph.branch_of.get(name)
+        if branch and self.outcomes.get(branch[0]) != branch[1]:
+            return "Skipped", f"{branch[0]} took the other branch"
+        if "Skipped" in upstream:
+            return "Skipped", "an upstream step was skipped"
+        return None
+
+    def succeeded(self, name: str, properties: dict) -> None:
+        """Step `name` succeeded with `properties`: later steps can read them, and its property files."""
+        record = self.record(name)
+        record.status, record.properties = "Succeeded", properties
+        self.context.properties[name] = properties
+        for declared in self.graph.steps[name].get("PropertyFiles", []):
+            output = properties["ProcessingOutputConfig"]["Outputs"][declared["OutputName"]]
+            path = self.s3.path(output["S3Output"]["S3Uri"]) / declared["FilePath"]
+            self.context.property_files[(name, declared["PropertyFileName"])] = json_file_loader(path)
+
+    def finish(self) -> None:
+        failed = [r for r in self.execution.steps.values() if r.status == "Failed"]
+        self.execution.status = "Failed" if failed else "Succeeded"
+        self.execution.failure_reason = f"step {failed[0].name} failed: {failed[0].reason}" if failed else ""
+
+    def stop(self) -> None:
+        """Stopped by the user: the running step is Stopped, the ones that had not started never will."""
+        self.execution.status = "Stopped"
+        self.execution.failure_reason = "stopped by the user (Ctrl-C)"
+        for record in self.execution.steps.values():
+            if record.status in ("Executing", "Pending"):
+                record.status = "Stopped" if record.status == "Executing" else "NotStarted"
