@@ -6,6 +6,7 @@ Regenerate the golden file after an intended change of the DAG with:
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -122,6 +123,15 @@ def test_parameters(dag):
         "ModelApprovalStatus": ("String", "PendingManualApproval"),
         "EndpointName": ("String", "trainium-bert"),
     }
+
+
+def test_no_experiment_or_trial_per_execution(dag):
+    """The SDK's default PipelineExperimentConfig (in us-east-1 and other regions) makes SageMaker create an
+    experiment and a trial per execution, which the execution role of infra/template.yaml may not do."""
+    from sagemaker.mlops.workflow.pipeline import Pipeline
+
+    assert inspect.signature(Pipeline).parameters["pipeline_experiment_config"].default is not None
+    assert dag["PipelineExperimentConfig"] is None
 
 
 def test_training_step_runs_torchrun_in_the_neuronx_container(steps):
