@@ -199,9 +199,20 @@ class Triggers(Section):
     """EventBridge rules that `triggers apply` creates (the approval rule is always there)."""
 
     schedule: str | None = Field(default=None, pattern=r"^(cron|rate)\(.+\)$")
-    schedule_parameters: dict[str, str] = {}
+    schedule_parameters: dict[str, str] = {}  # checked against the definition by `triggers apply`
     on_new_data: bool = False
+    new_data_marker: str = "_SUCCESS"  # the object written last in a data drop: one execution per drop
     events_role_arn: str | None = Field(default=None, pattern=ROLE_ARN)
+
+    @field_validator("new_data_marker")
+    @classmethod
+    def _marker(cls, v: str) -> str:
+        if not re.fullmatch(r"[_.][^/]{0,254}", v) or v in (".", ".."):
+            raise ValueError(
+                f"triggers.new_data_marker={v!r}: expected a file name (no /) starting with _ or . such as _SUCCESS, "
+                f"which the Tokenize step never reads as data"
+            )
+        return v
 
     @model_validator(mode="after")
     def _role(self) -> Triggers:
