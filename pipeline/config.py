@@ -7,9 +7,9 @@ import importlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.contract import APPROVAL_STATUSES, PENDING
 from pipeline.errors import ConfigError
@@ -195,11 +195,15 @@ class Deploy(Section):
     max_texts: int = Field(default=256, ge=1, le=10000)
 
 
+# A pipeline parameter value as EventBridge passes it: a string (`Epochs: 3` in YAML is read as "3")
+ParameterValue = Annotated[str, BeforeValidator(lambda v: str(v) if type(v) in (int, float) else v)]
+
+
 class Triggers(Section):
     """EventBridge rules that `triggers apply` creates (the approval rule is always there)."""
 
     schedule: str | None = Field(default=None, pattern=r"^(cron|rate)\(.+\)$")
-    schedule_parameters: dict[str, str] = {}  # checked against the definition by `triggers apply`
+    schedule_parameters: dict[str, ParameterValue] = {}  # checked against the definition by `triggers apply`
     on_new_data: bool = False
     new_data_marker: str = "_SUCCESS"  # the object written last in a data drop: one execution per drop
     events_role_arn: str | None = Field(default=None, pattern=ROLE_ARN)

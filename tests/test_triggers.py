@@ -415,7 +415,7 @@ def test_apply_refuses_bad_schedule_parameters_before_creating_anything(aws, cap
 
 
 def test_apply_passes_checked_schedule_parameters(aws, capsys):
-    code, out, err = apply_command(capsys, "{Epochs: '3', LearningRate: '2e-05', InputData: 's3://b/2026/'}")
+    code, out, err = apply_command(capsys, "{Epochs: 3, LearningRate: 2.0e-05, InputData: 's3://b/2026/'}")
     assert code == 0, err
     assert "created  trainium-bert-schedule" in out
     (target,) = targets(aws, "trainium-bert-schedule")
