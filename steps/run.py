@@ -136,7 +136,7 @@ def ensure_requirements(
         constraints.write_text(pins(before))
         code = subprocess.run(pip_command(lines, constraints, wheels)).returncode
     if code != 0:
-        raise StepError(f"pip could not install {', '.join(lines)} without changing the image's packages "
+        raise StepError(f"pip could not install {', '.join(lines)} with the image's packages pinned "
                         f"(exit {code}; pip's reason is above)")
     importlib.invalidate_caches()
     changed = changes(before, installed())
