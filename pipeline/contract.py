@@ -44,6 +44,10 @@ REPORT_FILE = "evaluation.json"
 PROPERTY_FILE = "EvaluationReport"
 ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
 QUANTIZE_PATH = "inference.quantize"
+RUNTIME_PATH = "inference.runtime"
+# Evaluate's serving artifact (the trained model plus the endpoint's chosen variant): what the registry registers
+SERVING_OUTPUT = "serving"
+SERVING_DIR = f"{PROCESSING}/serving"
 
 # The training job: log lines -> metrics, files it writes, and where SageMaker puts them
 METRIC_DEFINITIONS = (

@@ -261,12 +261,13 @@ def build_pipeline(cfg: Config) -> Pipeline:
                 s3_input("model", model_data, c.MODEL_DIR),
                 s3_input("test", tokenized("test"), c.TEST_DIR),
             ],
-            outputs=[s3_output(c.EVALUATION_OUTPUT, c.EVALUATION_DIR)],
+            outputs=[s3_output(c.EVALUATION_OUTPUT, c.EVALUATION_DIR), s3_output(c.SERVING_OUTPUT, c.SERVING_DIR)],
             arguments=[
                 *arguments({
                     "--model-dir": c.MODEL_DIR,
                     "--test-dir": c.TEST_DIR,
                     "--output-dir": c.EVALUATION_DIR,
+                    "--serving-dir": c.SERVING_DIR,
                     "--sample-size": str(e.sample_size),
                     "--min-agreement": str(e.min_agreement),
                     "--seed": str(t.seed),
@@ -288,10 +289,14 @@ def build_pipeline(cfg: Config) -> Pipeline:
     )
     accuracy = JsonGet(step_name=evaluate.name, property_file=evaluation_report, json_path=c.ACCURACY_PATH)
 
-    # 5. Register the model; 6. deploy it when the registered version is Approved.
+    # 5. Register the serving artifact (the model and its chosen variant); 6. deploy it when Approved.
+    serving_model = Join(
+        on="/",
+        values=[evaluate.properties.ProcessingOutputConfig.Outputs[c.SERVING_OUTPUT].S3Output.S3Uri, c.MODEL_ARCHIVE],
+    )
     model = ModelBuilder(
         image_uri=cfg.image("inference"),
-        s3_model_data_url=model_data,
+        s3_model_data_url=serving_model,
         role_arn=cfg.aws.role_arn,
         sagemaker_session=session,
         env_vars={
@@ -299,7 +304,10 @@ def build_pipeline(cfg: Config) -> Pipeline:
             "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code",
             "SAGEMAKER_MODEL_SERVER_WORKERS": str(cfg.deploy.model_server_workers),
             "INFERENCE_MAX_TEXTS": str(cfg.deploy.max_texts),
-            # fp32 or int8, as the evaluation chose on the test split
+            # the variant the evaluation chose on the test split: runtime (torch / onnxruntime), fp32 or int8
+            "INFERENCE_RUNTIME": JsonGet(
+                step_name=evaluate.name, property_file=evaluation_report, json_path=c.RUNTIME_PATH
+            ),
             "INFERENCE_QUANTIZE": JsonGet(
                 step_name=evaluate.name, property_file=evaluation_report, json_path=c.QUANTIZE_PATH
             ),

@@ -67,7 +67,8 @@ METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "accuracy"
 COLUMNS = ("input_ids", "token_type_ids", "label")
 PREDICTIONS_FILE = "predictions/test.parquet"
 REPORT_FILE = "evaluation.json"
-MODEL_ARCHIVE = "model.tar.gz"  # the serving artifact in --serving-dir
+MODEL_ARCHIVE = "model.tar.gz"  # the serving artifact, in --serving-dir
+SERVING_DIR = "/opt/ml/processing/serving"
 VARIANTS = (("onnxruntime", "int8"), ("onnxruntime", "none"), ("torch", "int8"))  # the faster ones, fastest first
 
 
@@ -360,7 +361,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", default="/opt/ml/processing/model")
     p.add_argument("--test-dir", default="/opt/ml/processing/test")
     p.add_argument("--output-dir", default="/opt/ml/processing/evaluation")
-    p.add_argument("--serving-dir", default="/opt/ml/processing/serving",
+    p.add_argument("--serving-dir", default=SERVING_DIR,
                    help="where the serving artifact (model.tar.gz) is written")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--sample-size", type=int, default=4000, help="rows scored here on CPU (check and variants)")

@@ -16,23 +16,18 @@ Bad input raises ``InferenceError``: its message is the JSON ``{"error": CODE, "
 the HTTP status (400, 406, 413, 415). The container answers any handler exception with 400 and the message; the
 local endpoint uses ``status``. Nothing about a request can break the loaded model.
 
-Variants (the evaluation measures them on the test split and the pipeline sets the environment to its choice):
-    INFERENCE_RUNTIME=torch        the transformers model (default); with INFERENCE_QUANTIZE=int8 its Linear layers
-                                   are dynamically quantized to int8
-    INFERENCE_RUNTIME=onnxruntime  ONNX Runtime on the graph the evaluation exported, fused and (int8) quantized:
-                                   onnx/model-int8.onnx or onnx/model-fp32.onnx. An image without onnxruntime uses
-                                   the copy the evaluation put in code/packages/ (nothing is downloaded). Without
-                                   the file or a runtime that loads it, the handler serves torch fp32 and logs why.
+Variants, named by the environment the pipeline registers (the evaluation's choice on the test split):
+INFERENCE_RUNTIME=torch (default) runs the transformers model, with INFERENCE_QUANTIZE=int8 its Linear layers
+dynamically quantized; INFERENCE_RUNTIME=onnxruntime runs the graph the evaluation exported, fused and quantized
+(onnx/model-int8.onnx or onnx/model-fp32.onnx) on ONNX Runtime, from the image or else from the copy the evaluation
+put in code/packages/ (nothing is downloaded). A variant that cannot run here falls back to torch fp32, in the log.
 
-Speed: the tokenizer (the Rust `tokenizers` library, from tokenizer.json) encodes without padding; texts are sorted
-by length and run in micro-batches padded only to their own longest text (one text at a time for int8, whose
-activation scales are per batch: a text's answer never depends on the other texts of its request), with intra-op
-threads set to the instance's CPUs divided by the model server's workers.
-
-Environment: INFERENCE_RUNTIME (torch | onnxruntime, default torch), INFERENCE_QUANTIZE (int8 | none, default none),
-INFERENCE_MAX_TEXTS (default 256), INFERENCE_MAX_LENGTH (default the tokenizer's model_max_length, which train.py
-sets to the training length), INFERENCE_MICRO_BATCH (default 8, 1 for int8), INFERENCE_THREADS
-(default CPUs / SAGEMAKER_MODEL_SERVER_WORKERS).
+Speed: the Rust tokenizer (tokenizer.json) encodes without padding; texts are sorted by length and run in
+micro-batches padded only to their own longest text (one text at a time for int8, whose activation scales are per
+batch, so that a text's answer never depends on the others in its request); intra-op threads = the CPUs divided by
+the model server's workers. Other settings: INFERENCE_MAX_TEXTS (256), INFERENCE_MAX_LENGTH (the tokenizer's
+model_max_length, which train.py sets to the training length), INFERENCE_MICRO_BATCH (8, 1 for int8),
+INFERENCE_THREADS.
 """
 
 import csv
@@ -57,12 +52,9 @@ JSON, JSONLINES, CSV, TEXT = "application/json", "application/jsonlines", "text/
 CHARS_PER_TOKEN_CUT = 32  # texts longer than max_length * this many characters are cut between words first
 RUNTIMES, QUANTIZATIONS = ("torch", "onnxruntime"), ("none", "int8")
 PACKAGES_DIR = "code/packages"  # runtimes the image may lack, put there by the evaluation
-# Texts per forward pass. int8 quantizes activations with one scale per batch, so a text's answer would depend on
-# the texts beside it: one at a time keeps every answer independent of the request (about 13% less throughput).
-MICRO_BATCH = {"none": 8, "int8": 1}
-
-# (input_ids, attention_mask or None, token_type_ids or None) -> logits, int64 [rows, width] -> float32 [rows, labels]
-Forward = Callable[[np.ndarray, "np.ndarray | None", "np.ndarray | None"], np.ndarray]
+MICRO_BATCH = {"none": 8, "int8": 1}  # texts per forward pass (int8: one, see above; about 13% less throughput)
+# (input_ids, attention_mask | None, token_type_ids | None) -> logits: int64 [rows, width] in, float [rows, labels] out
+Forward = Callable[..., np.ndarray]
 
 
 def onnx_path(model_dir: str | Path, quantize: str) -> Path:
@@ -143,29 +135,23 @@ def import_onnxruntime(model_dir: str | Path) -> Any:
         raise RuntimeUnavailable(f"the onnxruntime in {PACKAGES_DIR}/ does not load here: {e}") from e
 
 
-def onnx_session(path: str | Path, threads: int, ort: Any) -> Any:
-    """An ONNX Runtime CPU session tuned for one request at a time: `threads` intra-op threads, no inter-op pool,
-    every graph optimization."""
+def onnx_forward(path: Path, threads: int, ort: Any) -> tuple[Forward, Any]:
+    """An ONNX Runtime CPU session on the graph (`threads` intra-op threads, no inter-op pool, every optimization)
+    and its Forward (inputs it lacks are filled in: all-ones mask, zero token types)."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def onnx_forward(session: Any) -> Forward:
-    """The Forward of an ONNX Runtime session whose inputs are BERT's (absent ones are filled in)."""
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     inputs = {i.name: np.int32 if "int32" in i.type else np.int64 for i in session.get_inputs()}
-    output = session.get_outputs()[0].name
 
     def forward(ids: np.ndarray, mask: np.ndarray | None, types: np.ndarray | None) -> np.ndarray:
         given = {"input_ids": ids, "attention_mask": np.ones_like(ids) if mask is None else mask,
                  "token_type_ids": np.zeros_like(ids) if types is None else types}
-        return session.run([output], {name: given[name].astype(dtype, copy=False) for name, dtype in inputs.items()})[0]
+        return session.run(None, {name: given[name].astype(dtype, copy=False) for name, dtype in inputs.items()})[0]
 
-    return forward
+    return forward, session
 
 
 def torch_forward(model: Any) -> Forward:
@@ -173,10 +159,9 @@ def torch_forward(model: Any) -> Forward:
     import torch
 
     def forward(ids: np.ndarray, mask: np.ndarray | None, types: np.ndarray | None) -> np.ndarray:
-        tensors = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         with torch.inference_mode():
-            given = {k: torch.from_numpy(v) for k, v in tensors.items() if v is not None}
-            return model(**given).logits.float().numpy()
+            given = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            return model(**{k: torch.from_numpy(v) for k, v in given.items() if v is not None}).logits.float().numpy()
 
     return forward
 
@@ -197,8 +182,7 @@ class Classifier:
     quantize: str
 
     @property
-    def variant(self) -> str:
-        """e.g. onnxruntime-int8, torch-fp32."""
+    def variant(self) -> str:  # e.g. onnxruntime-int8, torch-fp32
         return f"{self.runtime}-{'int8' if self.quantize == 'int8' else 'fp32'}"
 
     def encode(self, texts: list[str]) -> list[tuple[list[int], bool]]:
@@ -218,13 +202,11 @@ class Classifier:
     def batch(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray | None]:
         """Rows of token ids padded to the longest, and their attention mask (None when nothing is padded)."""
         lengths = np.array([len(r) for r in rows])
-        width = int(lengths.max())
-        ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+        ids = np.full((len(rows), int(lengths.max())), self.pad_id, dtype=np.int64)
         for r, row in enumerate(rows):
             ids[r, : len(row)] = row
-        if (lengths == width).all():
-            return ids, None
-        return ids, (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+        mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+        return ids, None if mask.all() else mask.astype(np.int64)
 
     def __call__(self, texts: list[str]) -> list[dict[str, Any]]:
         """Label and probability of each text, in input order."""
@@ -265,10 +247,8 @@ def _tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, int, int]:
     settings = _read_json(model_dir / "tokenizer_config.json")
     limit = min(int(settings.get("model_max_length") or 1e9), int(config.get("max_position_embeddings") or 1e9))
     pad = settings.get("pad_token")
-    pad = pad.get("content") if isinstance(pad, dict) else pad
-    pad_id = tokenizer.token_to_id(pad) if isinstance(pad, str) else None
-    pad_id = pad_id if pad_id is not None else config.get("pad_token_id") or 0
-    return tokenizer, limit, int(pad_id)
+    pad_id = tokenizer.token_to_id(str(pad.get("content") if isinstance(pad, dict) else pad))
+    return tokenizer, limit, int(pad_id if pad_id is not None else config.get("pad_token_id") or 0)
 
 
 def _variant(model_dir: Path, runtime: str, quantize: str, threads: int) -> tuple[Forward, Any]:
@@ -278,10 +258,9 @@ def _variant(model_dir: Path, runtime: str, quantize: str, threads: int) -> tupl
             raise RuntimeUnavailable(f"the artifact has no {path.relative_to(model_dir)}")
         ort = import_onnxruntime(model_dir)
         try:
-            session = onnx_session(path, threads, ort)
+            return onnx_forward(path, threads, ort)
         except Exception as e:  # onnxruntime's own error types: a graph this runtime cannot run
             raise RuntimeUnavailable(f"onnxruntime {ort.__version__} cannot load {path.name}: {e}") from e
-        return onnx_forward(session), session
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -303,18 +282,8 @@ def load(model_dir: str | Path, runtime: str = "torch", quantize: str = "none", 
     tokenizer.enable_truncation(max_length)
     tokenizer.no_padding()
     forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads())
-    return Classifier(
-        tokenizer=tokenizer,
-        forward=forward,
-        model=model,
-        labels=_labels(config),
-        max_length=max_length,
-        max_texts=_env_int("INFERENCE_MAX_TEXTS", 256),
-        micro_batch=_env_int("INFERENCE_MICRO_BATCH", MICRO_BATCH[quantize]),
-        pad_id=pad_id,
-        runtime=runtime,
-        quantize=quantize,
-    )
+    return Classifier(tokenizer, forward, model, _labels(config), max_length, _env_int("INFERENCE_MAX_TEXTS", 256),
+                      _env_int("INFERENCE_MICRO_BATCH", MICRO_BATCH[quantize]), pad_id, runtime, quantize)
 
 
 def model_fn(model_dir: str) -> Classifier:
