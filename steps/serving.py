@@ -10,11 +10,16 @@ with INFERENCE_RUNTIME=onnxruntime.
 image, so the copy is built for its Python and platform, and the endpoint imports it when the image has none, with
 nothing downloaded at container start and nothing the image ships changed. `pack()` writes model.tar.gz with the
 files at the archive root, as SageMaker expects.
+
+`python serving.py MODEL_DIR` adds both graphs and the runtime to an extracted model folder (CI serves the result
+under the inference image's packages).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
 import shutil
 import sys
 import tarfile
@@ -114,3 +119,15 @@ def pack(model_dir: Path, archive: Path, leave_out: set[str] = frozenset()) -> P
             if path.is_file() and name not in leave_out:
                 tar.add(path, arcname=name)
     return archive
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Add the ONNX Runtime variants and the runtime to a model folder.")
+    parser.add_argument("model_dir", type=Path, help="an extracted model.tar.gz (config.json, weights, code/)")
+    model_dir = parser.parse_args(argv).model_dir
+    facts = build(model_dir)
+    print(json.dumps({**facts, "packages": vendor_runtime(model_dir)}))
+
+
+if __name__ == "__main__":
+    main()
