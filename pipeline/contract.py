@@ -51,6 +51,10 @@ REPORT_FILE = "evaluation.json"
 PROPERTY_FILE = "EvaluationReport"
 ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
 QUANTIZE_PATH = "inference.quantize"
+RUNTIME_PATH = "inference.runtime"
+# Evaluate's serving artifact (the trained model plus the endpoint's chosen variant): what the registry registers
+SERVING_OUTPUT = "serving"
+SERVING_DIR = f"{PROCESSING}/serving"
 
 
 def report_accuracy(report: dict | None) -> float | None:
