@@ -236,7 +236,7 @@ LOCAL_OVERRIDES: dict[str, Any] = {
         "learning_rate": 1.0e-4,
         "log_interval": 10,
     },
-    "evaluation": {"accuracy_threshold": 0.7},
+    "evaluation": {"accuracy_threshold": 0.7, "int8_tolerance": 0.03},
     "registry": {"approval_status": "Approved"},
 }
 

@@ -320,10 +320,11 @@ def test_every_default_image_is_a_published_deep_learning_container():
 
 
 def test_evaluate_runs_on_the_serving_image(steps):
-    """int8 is decided with the transformers and torch that serve the model."""
+    """The variant is chosen with the transformers and torch that serve the model; Tokenize shares that image (its
+    packages take datasets unchanged: tests/test_images.py)."""
     evaluate = steps["Evaluate"]["Arguments"]["AppSpecification"]["ImageUri"]
     assert evaluate == steps["RegisterModel"]["Arguments"]["InferenceSpecification"]["Containers"][0]["Image"]
-    assert steps["Tokenize"]["Arguments"]["AppSpecification"]["ImageUri"].endswith("-sagemaker")
+    assert steps["Tokenize"]["Arguments"]["AppSpecification"]["ImageUri"] == evaluate
 
 
 def test_multi_node_training_request_carries_the_neuron_and_efa_environment(tmp_path):

@@ -1,7 +1,8 @@
 """Each processing step's real entry point, run with the Python packages of its image, install path included.
 
-CI builds one venv per image from its package set (`tests/images/venv.sh processing|inference DIR`) and points
-IMAGE_VENV_PROCESSING / IMAGE_VENV_INFERENCE at them; each test is skipped without its variable. A test runs
+Tokenize (`images.processing`) and Evaluate (`images.evaluation`, default `images.inference`) both run on the CPU
+inference image. CI builds a venv from its package set (`tests/images/venv.sh inference DIR`) and points
+IMAGE_VENV_INFERENCE at it; the tests that need it are skipped without it. A test runs
 `steps/run.py` in a fresh overlay of that venv: a venv of its own whose `.pth` file puts the image venv's packages
 after its own, so that what pip installs lands in the overlay and the image venv stays as built (like a new
 container each time). pip reaches PyPI, as a job with internet does. The step must succeed, and no package of the
@@ -17,10 +18,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures_ml import CORPUS, ROOT, build_tokenizer, write_tokenized
+from fixtures_ml import CORPUS, ROOT, write_tokenized
 
 IMAGES = ROOT / "tests" / "images"
-VENVS = {name: os.environ.get(f"IMAGE_VENV_{name.upper()}") for name in ("processing", "inference")}
+VENVS = {"inference": os.environ.get("IMAGE_VENV_INFERENCE")}
+SETS = {"processing": "inference", "training": "training", "inference": "inference"}  # images.KEY -> its package set
 
 
 def needs(name: str) -> pytest.MarkDecorator:
@@ -59,6 +61,14 @@ def image_set(name: str) -> dict[str, str]:
     return {re.sub(r"[-_.]+", "-", n).lower(): v for n, v in lines}
 
 
+def image_tokenizer(python: Path, folder: Path) -> Path:
+    """A tokenizer saved by the image's transformers (as a Hub model's files load there)."""
+    build = "import sys; sys.path.insert(0, sys.argv[1]); import fixtures_ml as f; from pathlib import Path; " \
+            "f.build_tokenizer(Path(sys.argv[2]))"
+    subprocess.run([str(python), "-c", build, str(ROOT / "tests"), str(folder)], check=True, env=step_env())
+    return folder
+
+
 def run_step(python: Path, step: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(python), str(ROOT / "steps" / "run.py"), step, *args], capture_output=True, text=True,
                           env=step_env(), cwd=python.parents[2], timeout=1200)
@@ -69,7 +79,7 @@ def check_only_added(before: dict[str, str], after: dict[str, str], proc: subpro
     assert not changed, f"the step's install changed packages the image ships: {changed}\n{proc.stdout}{proc.stderr}"
 
 
-@pytest.mark.parametrize("name", ["processing", "inference"])
+@pytest.mark.parametrize("name", ["inference"])
 def test_the_venv_holds_its_images_package_set(name):
     if not VENVS[name]:
         pytest.skip(f"IMAGE_VENV_{name.upper()} not set (CI sets it)")
@@ -80,23 +90,24 @@ def test_the_venv_holds_its_images_package_set(name):
 
 def test_the_package_sets_are_of_the_configured_images():
     config = (ROOT / "pipeline.yaml").read_text()
-    for name in ("processing", "training", "inference"):
-        tag = re.search(rf"^\s*{name}: \S+/(\S+)$", config, re.M).group(1)
-        assert (IMAGES / f"{name}.txt").read_text().startswith(f"# images.{name} = {tag} "), name
+    for key, name in SETS.items():
+        tag = re.search(rf"^\s*{key}: \S+/(\S+)$", config, re.M).group(1)
+        assert (IMAGES / f"{name}.txt").read_text().startswith(f"# images.{name} = {tag} "), key
 
 
-@needs("processing")
-def test_tokenize_in_the_processing_image_adds_packages_and_changes_none(tmp_path):
-    python = overlay(Path(VENVS["processing"]), tmp_path / "job")
-    tokenizer = build_tokenizer(tmp_path / "tokenizer")
+@needs("inference")
+def test_tokenize_in_its_image_adds_packages_and_changes_none(tmp_path):
+    python = overlay(Path(VENVS["inference"]), tmp_path / "job")
+    tokenizer = image_tokenizer(python, tmp_path / "tokenizer")
     before = packages(python)
-    assert "transformers" not in before, "the install path must run"
+    assert "pyarrow" not in before, "the install path must run"
     proc = run_step(python, "preprocess", "--source", "sample:120", "--model-id", str(tokenizer), "--max-length",
                     "64", "--validation-share", "0.2", "--output-dir", str(tmp_path / "out"))
     after = packages(python)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_only_added(before, after, proc)
-    assert "transformers" in after and "datasets" not in after  # a Hub source alone needs datasets
+    assert "pyarrow" in after and "datasets" not in after  # a Hub source alone needs datasets
+    assert before["transformers"] == after["transformers"] == image_set("inference")["transformers"]
     stats = json.loads((tmp_path / "out" / "stats" / "stats.json").read_text())
     assert all(stats["output"][split]["rows"] > 0 for split in ("train", "validation", "test")), stats["output"]
     assert list((tmp_path / "out" / "test").glob("*.parquet"))
@@ -121,9 +132,26 @@ def test_evaluate_in_the_inference_image_adds_packages_and_changes_none(tmp_path
     after = packages(python)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_only_added(before, after, proc)
-    assert {"datasets", "evaluate", "pyarrow"} <= set(after)
+    assert {"datasets", "evaluate", "pyarrow", "onnxruntime", "onnx"} <= set(after)
     assert before["transformers"] == after["transformers"] == image_set("inference")["transformers"]
     report = json.loads((tmp_path / "evaluation" / "evaluation.json").read_text())
     assert report["dataset"]["rows"] == len(labels)
     assert 0 <= report["binary_classification_metrics"]["accuracy"]["value"] <= 1
     assert report["inference"]["quantize"] in ("int8", "none")
+    assert report["inference"]["onnx"] and report["inference"]["onnx"]["onnxruntime"], report["inference"]  # built here
+
+
+@needs("inference")
+def test_tokenize_of_a_hub_dataset_installs_datasets_and_changes_nothing(tmp_path):
+    """The default data.source is a Hub dataset: datasets must install and import in the image (the load itself
+    then fails here, offline, as it should: the job has no Hub to reach)."""
+    python = overlay(Path(VENVS["inference"]), tmp_path / "job")
+    before = packages(python)
+    assert "datasets" not in before, "the install path must run"
+    proc = run_step(python, "preprocess", "--source", "amazon_polarity", "--model-id",
+                    str(image_tokenizer(python, tmp_path / "tokenizer")), "--output-dir", str(tmp_path / "out"))
+    after = packages(python)
+    check_only_added(before, after, proc)
+    assert "datasets" in after, proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "run.py:" not in proc.stderr, proc.stdout + proc.stderr  # not an install failure
+    assert "offline" in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a virtual environment holding the Python packages of one Deep Learning Container:
-#   tests/images/venv.sh NAME DIR [PACKAGE...]       NAME: processing | training | inference (tests/images/NAME.txt)
+#   tests/images/venv.sh NAME DIR [PACKAGE...]       NAME: training | inference (tests/images/NAME.txt)
 # First the set's `# here:` line, with its dependencies, by pip: what stands in for the packages that do not install
 # here (torch builds, see the set's header). Then, without PACKAGE, every package of the set at its version (no
 # dependency resolution: the set is complete, and the image's versions win over what the `here` packages asked for);
