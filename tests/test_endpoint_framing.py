@@ -29,7 +29,7 @@ GOOD = json.dumps({"inputs": ["great product", "awful"]}).encode()
 def port(tmp_path_factory: pytest.TempPathFactory, no_network_module) -> int:
     root = tmp_path_factory.mktemp("framing")
     folder = add_serving_code(build_model(root / "model", build_tokenizer(root / "tokenizer")))
-    endpoint = LocalEndpoint()
+    endpoint = LocalEndpoint(read_timeout=READ_TIMEOUT)
     endpoint.start(Path(folder), "framing", port=0)
     yield endpoint.port
     endpoint.stop()
