@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pipeline.local.endpoint.daemon import load_state, write_state
+from pipeline.local.endpoint.daemon import EndpointStartError, load_state, write_state
 from pipeline.local.endpoint.framing import FramingError, read_body
 from pipeline.local.endpoint.handler import JSON_TYPE, LOG, EndpointError, LoadedModel, serving_environment
 
@@ -209,19 +209,22 @@ class LocalEndpoint:
         self._swap_lock = threading.Lock()
 
     def start(self, model_data: Path, name: str, port: int = 8080, version: str | None = None) -> str:
-        """Load the model, then serve it on host:port (0 picks a free port); returns the URL."""
+        """Take host:port (0 picks a free port), load the model, then serve it; returns the URL."""
         if self._server is not None:
             raise RuntimeError(f"endpoint {self.name} is already running at {self.url}")
         if not name or "/" in name:
             raise ValueError(f"invalid endpoint name {name!r}")
-        self.name = name
-        self.model = LoadedModel(model_data, name, version, self.program)
         try:
-            self._server = _Server((self.host, port), _Handler)
-        except OSError:
-            self.model.close()
-            self.model = None
+            server = _Server((self.host, port), _Handler)
+        except OSError as error:
+            raise EndpointStartError(f"endpoint {name}: cannot listen on {self.host}:{port}: "
+                                     f"{error.strerror or error} (choose another port)") from error
+        try:
+            self.model = LoadedModel(model_data, name, version, self.program)
+        except BaseException:
+            server.server_close()
             raise
+        self.name, self._server = name, server
         self._server.endpoint = self
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"endpoint-{name}", daemon=True)
         self._thread.start()
@@ -300,7 +303,14 @@ def serve_forever(
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        url = endpoint.start(Path(model_data), name, port, version)
+        try:
+            url = endpoint.start(Path(model_data), name, port, version)
+        except EndpointStartError:
+            raise
+        except Exception as error:  # a broken artifact or handler: one line (the cause stays chained)
+            first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+            raise EndpointStartError(f"endpoint {name}: the model at {model_data} did not load: "
+                                     f"{type(error).__name__}: {first.rstrip(':')}") from error
         if state_file is not None:
             write_state(
                 Path(state_file),
