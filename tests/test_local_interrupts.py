@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fixtures_ml import build_model, build_tokenizer
+from fixtures_ml import build_model, build_tokenizer, run_overrides
 
 from pipeline.cli import main
 from pipeline.local import orphans
@@ -61,15 +61,7 @@ def kill_all(processes: list[psutil.Process]) -> None:
 def account(tmp_path_factory):
     folder = tmp_path_factory.mktemp("interrupts")
     model = build_model(folder / "model", build_tokenizer(folder / "tokenizer"))
-    sets = [
-        f"local.overrides.training.model_id={model}",
-        "local.overrides.data.source=sample:240",
-        "local.overrides.training.max_steps=100000",
-        "local.overrides.training.batch_size=8",
-        "local.overrides.training.max_length=64",
-        "local.overrides.training.log_interval=1",
-        "local.processes=2",
-    ]
+    sets = run_overrides(model, rows=240, max_steps=100_000)  # trains until stopped
     return folder / "local", [arg for s in sets for arg in ("--set", s)]
 
 
