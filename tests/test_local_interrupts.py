@@ -182,16 +182,17 @@ def test_the_guardian_stops_the_jobs_of_an_owner_killed_by_sigkill(tmp_path):
 
 def test_reap_needs_the_very_owner_dead_not_just_its_pid(tmp_path):
     me = orphans.Owner.current()
-    assert me.alive() and not orphans.Owner(me.pid, me.started - 3600).alive()  # a reused pid is not the owner
+    assert me.alive() and not orphans.Owner(me.pid, me.started - 3600, me.host).alive()  # a reused pid is not it
+    assert orphans.Owner(1 << 30, 0.0, "another-host").alive()  # another machine's process: cannot be told
     owner_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-    owner = orphans.Owner(owner_process.pid, psutil.Process(owner_process.pid).create_time())
+    owner = orphans.Owner(owner_process.pid, psutil.Process(owner_process.pid).create_time(), me.host)
     job = sleeper(f"{owner.tag}/Train-1234")
     try:
         steps = {"Tokenize": StepRecord("Tokenize", "Processing", status="Succeeded"),
                  "Train": StepRecord("Train", "Training", status="Executing"),
                  "Evaluate": StepRecord("Evaluate", "Processing")}
         execution = Execution("x", "arn", "p", "Executing", "2026-01-01T00:00:00+00:00", {}, steps,
-                              owner_pid=owner.pid, owner_started=owner.started)
+                              owner_pid=owner.pid, owner_started=owner.started, owner_host=owner.host)
         assert execution.reap() is False and job.poll() is None  # the owner is alive: nothing happens
         owner_process.kill()
         owner_process.wait()

@@ -58,8 +58,9 @@ class Execution:
     steps: dict[str, StepRecord]
     ended: str = ""
     failure_reason: str = ""
-    owner_pid: int = 0  # the process running it, by pid and start time (see pipeline.local.orphans)
+    owner_pid: int = 0  # the process running it, by pid, start time and host (see pipeline.local.orphans)
     owner_started: float = 0.0
+    owner_host: str = ""
 
     @classmethod
     def new(cls, pipeline: str, parameters: dict[str, Any], steps: dict[str, str]) -> Execution:
@@ -76,6 +77,7 @@ class Execution:
             steps={name: StepRecord(name, kind) for name, kind in steps.items()},
             owner_pid=owner.pid,
             owner_started=owner.started,
+            owner_host=owner.host,
         )
 
     def to_json(self) -> str:
@@ -94,7 +96,7 @@ class Execution:
     def reap(self) -> bool:
         """Fail an execution left `Executing` by a process that is gone (killed, crashed), with the reason, and stop
         what is left of its jobs. True when it did (the caller saves the record)."""
-        owner = Owner(self.owner_pid, self.owner_started)
+        owner = Owner(self.owner_pid, self.owner_started, self.owner_host)
         if self.status != "Executing" or not self.owner_pid or owner.alive():
             return False
         left = stop_owned(owner)
