@@ -42,7 +42,9 @@ def run(app: Callable[[], None]) -> None:
     exits 1, a config error 2; SIGTERM and SIGHUP stop a command as Ctrl-C does (a running step is stopped), exit
     128 + the signal. With --debug any failure shows its traceback; without, an unexpected one is one line too."""
     global debug
-    signals = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    hangup = getattr(signal, "SIGHUP", None)  # not on Windows
+    main = threading.current_thread() is threading.main_thread()
+    signals = [s for s in (signal.SIGTERM, hangup) if s is not None] if main else []
     previous = {signum: signal.signal(signum, _terminate) for signum in signals}
     debug = False
     try:
