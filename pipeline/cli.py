@@ -9,13 +9,11 @@ from typing import Annotated
 
 import typer
 
-from pipeline import views
+from pipeline import terminal, views
 from pipeline.backend import Backend
 from pipeline.commands import bootstrap, compare, triggers_app
-from pipeline.config import ConfigError
 from pipeline.contract import APPROVED, REJECTED
 from pipeline.dag.parameters import parse_pairs
-from pipeline.errors import UserError
 from pipeline.executing import FROM, POLL, STEPS, WAIT, begin, retry, selection, summarize
 from pipeline.records import VersionView
 from pipeline.terminal import Options, console, errors
@@ -46,7 +44,9 @@ def _options(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config key, e.g. --set training.epochs=2.")
     ] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of any failure.")] = False,
 ) -> None:
+    terminal.debug = debug
     ctx.obj = Options(config, tuple(set_ or []))
 
 
@@ -216,12 +216,5 @@ def deploy(ctx: typer.Context, version: int, local: LOCAL = False, root: ROOT = 
 
 
 def main() -> None:
-    """Entry point: expected errors print one line and exit 2 (config) or 1 (everything else)."""
-    try:
-        app()
-    except ConfigError as e:
-        errors.print(f"config error: {e}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except UserError as e:
-        errors.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(1)
+    """Entry point: expected errors are one line and a non-zero exit (see pipeline.terminal.run)."""
+    terminal.run(app)

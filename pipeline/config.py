@@ -130,7 +130,7 @@ class Training(Section):
     compile_cache_s3_uri: str | None = Field(default=None, pattern=S3_URI)
     model_id: str = "bert-base-uncased"
     epochs: int = Field(default=2, ge=1)
-    max_steps: int = Field(default=-1, ge=-1)
+    max_steps: int = -1  # -1: train for `epochs`; else exactly this many optimizer steps
     batch_size: int = Field(default=16, ge=1)
     grad_accum: int = Field(default=1, ge=1)
     learning_rate: float = Field(default=5e-5, gt=0, lt=1)
@@ -160,6 +160,14 @@ class Training(Section):
     def model_from_hub(self) -> bool:
         """A Hugging Face Hub model id (not staged from S3, not a folder on this machine)."""
         return not (self.model_id.startswith("s3://") or Path(self.model_id).is_dir())
+
+    @field_validator("max_steps")
+    @classmethod
+    def _max_steps(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError(f"training.max_steps={v}: expected a number of optimizer steps >= 1, or -1 for "
+                             "no limit (train for training.epochs)")
+        return v
 
     @model_validator(mode="after")
     def _spot_wait(self) -> Training:

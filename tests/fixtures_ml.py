@@ -68,6 +68,20 @@ def build_tokenizer(folder: Path, extra_texts: list[str] | None = None) -> Path:
     return folder
 
 
+def sample_texts(rows: int = 300) -> list[str]:
+    """`rows` reviews of steps/reviews.py's generator (not of any split a run uses), to train a tokenizer on."""
+    reviews = load_step("reviews")
+    return [f"{title} {content}" for _, title, content in reviews.sample_reviews("vocabulary", rows, 7)]
+
+
+def run_overrides(model: Path, rows: int, max_steps: int, *more: str) -> list[str]:
+    """Config overrides for `run --local` with a tiny `model` on `rows` sample reviews, 2 ranks, `max_steps` steps."""
+    training = {"model_id": model, "max_steps": max_steps, "batch_size": 8, "max_length": 64, "log_interval": 1}
+    return [f"local.overrides.data.source=sample:{rows}",
+            *(f"local.overrides.training.{key}={value}" for key, value in training.items()),
+            "local.processes=2", *more]
+
+
 def build_model(
     folder: Path, tokenizer_dir: Path, seed: int = 0, labels: tuple[str, str] = ("negative", "positive")
 ) -> Path:

@@ -310,3 +310,100 @@ def test_run_local_refuses_an_input_data_of_the_other_form_before_running_anythi
                        str(tmp_path), "--param", "InputData=sample:100")
     assert code == 1 and "stages InputData from S3; pass an s3:// URI" in err
     assert not list(tmp_path.rglob("execution.json"))
+
+
+@pytest.fixture(scope="module")
+def local_account(tmp_path_factory):
+    """A local account whose registry holds version 1 (a tiny working model) and version 2 (a broken artifact)."""
+    import tarfile
+
+    from fixtures_ml import add_serving_code, build_model, build_tokenizer
+
+    from pipeline.local.registry import Registry
+
+    folder = tmp_path_factory.mktemp("account")
+    model = add_serving_code(build_model(folder / "model", build_tokenizer(folder / "tokenizer")))
+    with tarfile.open(folder / "model.tar.gz", "w:gz") as tar:
+        for path in sorted(model.rglob("*")):
+            tar.add(path, arcname=path.relative_to(model).as_posix(), recursive=False)
+    (folder / "broken.tar.gz").write_bytes(b"\x1f\x8b not really a gzip stream")
+    registry = Registry(folder / "local" / "registry.sqlite")
+    for artifact in ("model.tar.gz", "broken.tar.gz"):
+        registry.register("trainium-bert", folder / artifact, approval_status="Approved")
+    return folder / "local"
+
+
+@pytest.fixture
+def restore_environ():
+    """`serve` sets the model's serving environment in its own process: keep it out of the other tests."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture
+def taken_port():
+    """A port on 127.0.0.1 that something else listens on."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def one_line_error(code: int, err: str) -> str:
+    assert code == 1 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip() and "it/s]" not in line]  # transformers' progress bars
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_port_in_use_is_one_line_in_the_foreground_and_in_the_background(local_account, taken_port, capsys,
+                                                                           restore_environ):
+    root = ["--root", str(local_account)]
+    line = one_line_error(*cli(capsys, "serve", "--version", "1", "--port", str(taken_port), *root)[::2])
+    assert line == (f"error: endpoint trainium-bert: cannot listen on 127.0.0.1:{taken_port}: Address already in use "
+                    "(choose another port)")
+    line = one_line_error(*cli(capsys, "--set", f"local.port={taken_port}", "deploy", "1", "--local", *root)[::2])
+    assert line.startswith("error: endpoint trainium-bert exited with code 1 before serving: endpoint trainium-bert: "
+                           f"cannot listen on 127.0.0.1:{taken_port}: Address already in use")
+
+
+def test_a_broken_artifact_is_one_line_naming_it(local_account, capsys, restore_environ):
+    line = one_line_error(*cli(capsys, "serve", "--version", "2", "--port", "0", "--root", str(local_account))[::2])
+    broken = local_account.parent / "broken.tar.gz"
+    assert line == f"error: endpoint trainium-bert: the model at {broken} did not load: ReadError: " \
+        "file could not be opened successfully"
+
+
+def test_missing_execution_and_version_are_one_line(local_account, capsys):
+    root = ["--local", "--root", str(local_account)]
+    assert one_line_error(*cli(capsys, "status", "20990101000000-abcdef", *root)[::2]) == \
+        "error: no local execution 20990101000000-abcdef"
+    assert one_line_error(*cli(capsys, "cost", "nope", *root)[::2]) == "error: no local execution nope"
+    assert one_line_error(*cli(capsys, "models", "describe", "9", *root)[::2]) == \
+        "error: model package trainium-bert/9 does not exist"
+
+
+def test_an_unexpected_error_is_one_line_and_debug_shows_its_traceback(local_account, capsys, monkeypatch):
+    from pipeline.local.backend import LocalBackend
+
+    def broken(self, limit):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(LocalBackend, "executions", broken)
+    code, _, err = cli(capsys, "executions", "--local", "--root", str(local_account))
+    assert one_line_error(code, err) == \
+        "unexpected error KeyError: 'a bug' (rerun with --debug for the traceback)"
+    with pytest.raises(KeyError, match="a bug"):
+        cli(capsys, "--debug", "executions", "--local", "--root", str(local_account))
+
+
+def test_debug_shows_the_traceback_of_an_expected_error_too(local_account):
+    command = [sys.executable, "-m", "pipeline", "--debug", "status", "--local", "--root", str(local_account), "x"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert done.stderr.strip().endswith("ExecutionNotFound: no local execution x")

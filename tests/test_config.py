@@ -42,6 +42,8 @@ def test_shipped_config_loads_with_documented_defaults():
         ("training.epoch=2", "training.epoch: unknown key"),
         ("registry.approval_status=Yes", "registry.approval_status='Yes': expected 'Approved'"),
         ("training.checkpoint_s3_uri=bucket/ckpt", "training.checkpoint_s3_uri='bucket/ckpt': expected an S3 URI"),
+        ("training.max_steps=0", "training.max_steps=0: expected a number of optimizer steps >= 1, or -1 for no limit"),
+        ("training.max_steps=-5", "training.max_steps=-5: expected a number of optimizer steps >= 1, or -1"),
     ],
 )
 def test_bad_values_name_the_key_the_value_and_the_expectation(override, message):

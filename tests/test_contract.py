@@ -70,6 +70,10 @@ def test_train_argparse_defaults_equal_the_config_defaults():
         if name == "bf16":
             default = {"true": True, "false": False}.get(str(default).lower(), default)
         assert default == fields[name], f"train.py --{name.replace('_', '-')} {default!r} != training.{name}"
+    for refused in ("0", "-2"):  # as the config refuses them: -1 is the one value meaning "no limit"
+        with pytest.raises(SystemExit):
+            train.parse_args(["--max-steps", refused])
+    assert train.parse_args(["--max-steps", "1"]).max_steps == 1
 
 
 def modules() -> list[str]:

@@ -1,6 +1,8 @@
 """`run --local` end to end: the real definition, step scripts, training toolkit + torchrun, registry and endpoint.
 
-A tiny random BERT stands in for MiniLM so that the whole pipeline runs in about a minute on two cores.
+A tiny random BERT (its tokenizer trained on the sample generator's vocabulary) stands in for MiniLM, so that the
+whole pipeline runs in about two minutes on two cores, and still learns: 120 steps on 760 sample reviews score
+about 0.91 on the 80 test rows here, and label clear reviews right.
 """
 
 from __future__ import annotations
@@ -15,13 +17,22 @@ from pathlib import Path
 import boto3
 import pyarrow.parquet as pq
 import pytest
-from fixtures_ml import build_model, build_tokenizer
+from fixtures_ml import build_model, build_tokenizer, run_overrides, sample_texts
 
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.local.backend import LocalBackend
 
 ROOT = Path(__file__).resolve().parent.parent
+TEST_ROWS = 80  # sample:800 has 800 // 10 test rows, balanced
+# Better than chance on TEST_ROWS balanced rows: P(accuracy >= 0.7) for a coin is 0.0002 (measured here: 0.91).
+BETTER_THAN_CHANCE = 0.7
+CLEAR = {  # unmistakable reviews in the generator's own words (steps/reviews.py), and their labels
+    "Great headphones. The sound quality is excellent. Highly recommended.": "positive",
+    "Excellent. Works perfectly. Highly recommended.": "positive",
+    "Terrible. Broke after a week. Waste of money.": "negative",
+    "Disappointed. The screen is awful and the software is useless. Do not buy this.": "negative",
+}
 
 
 def free_port() -> int:
@@ -33,18 +44,13 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("e2e")
-    model = build_model(folder / "model", build_tokenizer(folder / "tokenizer"))
-    overrides = [
-        f"local.overrides.training.model_id={model}",
-        "local.overrides.data.source=sample:240",
-        "local.overrides.training.max_steps=4",
-        "local.overrides.training.batch_size=8",
-        "local.overrides.training.max_length=64",
-        "local.overrides.training.log_interval=1",
+    model = build_model(folder / "model", build_tokenizer(folder / "tokenizer", sample_texts()))
+    overrides = run_overrides(
+        model, 800, 120,
+        "local.overrides.training.learning_rate=0.005",
         f"local.port={free_port()}",
-        "local.processes=2",
-        "evaluation.sample_size=10",  # fewer than the 24 test rows: the gate must still see all of them
-    ]
+        "evaluation.sample_size=10",  # fewer than the test rows: the gate must still see all of them
+    )
     account = LocalBackend(load_config(ROOT / "pipeline.yaml", overrides, environ={}, local=True), folder / "local")
     yield folder, overrides, account
     account.stop_endpoint()
@@ -83,14 +89,15 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     outputs = execution.steps["Evaluate"].properties["ProcessingOutputConfig"]["Outputs"]
     report = json.loads((account.s3.path(outputs["evaluation"]["S3Output"]["S3Uri"]) / "evaluation.json").read_text())
     accuracy = report["binary_classification_metrics"]["accuracy"]["value"]
-    assert 0.0 <= accuracy <= 1.0
+    assert accuracy >= BETTER_THAN_CHANCE, report["binary_classification_metrics"]
     # The gate's accuracy is that of the whole test split, from the Train step's predictions in the artifact;
     # only a sample is scored again on CPU.
     with tarfile.open(account.s3.path(execution.steps["Train"].properties["ModelArtifacts"]["S3ModelArtifacts"])) as t:
         predictions = pq.read_table(t.extractfile("predictions/test.parquet")).to_pydict()
     test_rows = len(predictions["label"])
     assert report["dataset"] == {"rows": test_rows, "positives": sum(predictions["label"]), "predictions": "train step"}
-    assert test_rows == 24 and report["check"]["sample_size"] == 10 and report["check"]["passed"]
+    assert test_rows == TEST_ROWS and report["check"]["sample_size"] == 10 and report["check"]["passed"]
+    assert sum(predictions["label"]) == TEST_ROWS // 2  # balanced: always guessing one label scores 0.5
     whole = sum(p == label for p, label in zip(predictions["prediction"], predictions["label"], strict=True))
     assert accuracy == pytest.approx(whole / test_rows)
     assert f"accuracy on the test split: {accuracy:.4f}" in out
@@ -119,11 +126,11 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
         EndpointName="trainium-bert",
         ContentType="application/json",
         Accept="application/json",
-        Body=json.dumps({"inputs": ["great product, works perfectly", "broke after two days, a waste"]}),
+        Body=json.dumps({"inputs": list(CLEAR)}),
     )
     predictions = json.loads(response["Body"].read())
-    assert len(predictions) == 2
-    assert all(p["label"] in ("positive", "negative") and 0.0 <= p["score"] <= 1.0 for p in predictions)
+    assert [p["label"] for p in predictions] == list(CLEAR.values()), predictions
+    assert all(0.5 <= p["score"] <= 1.0 for p in predictions)
 
 
 def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):

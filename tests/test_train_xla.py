@@ -20,6 +20,12 @@ pytest.importorskip("torch_xla")
 from fixtures_train import make_tiny_model, write_split  # noqa: E402
 
 TRAIN = Path(__file__).resolve().parents[1] / "training" / "train.py"
+# 20 balanced test rows: a coin scores >= 0.8 with probability 0.006; this run scores 1.0 (on the CPU path as well).
+BETTER_THAN_CHANCE = 0.8
+CLEAR = {  # (title, content) in the task's own words (fixtures_train), and the label; 1: positive
+    ("excellent", "great product, i love it: wonderful, perfect and fantastic. happy to recommend it"): 1,
+    ("terrible", "awful product, i hate it: broken and poor, a waste. disappointed, i want a refund"): 0,
+}
 # Graphs compiled once whatever the number of buckets: the first optimizer step (AdamW creates its state), the
 # loss read-out at each log interval, and the fresh on-device loss accumulator after each read-out.
 FIXED_TRAIN_GRAPHS = 3
@@ -90,4 +96,20 @@ def test_compiled_graphs_are_one_per_length_bucket_and_never_recompiled(tmp_path
 
     predictions = pq.read_table(tmp_path / "model" / "predictions" / "test.parquet").to_pydict()
     assert predictions["label"] == train.TokenizedSplit(str(tmp_path / "test"), 128).labels.tolist()
-    assert stats["test_rows"] == 20 and 0 <= stats["test_accuracy"] <= 1
+    assert sum(predictions["label"]) == 10  # balanced: one label always scores 0.5
+    assert stats["test_rows"] == 20 and stats["test_accuracy"] >= BETTER_THAN_CHANCE, stats
+    right = sum(p == label for p, label in zip(predictions["prediction"], predictions["label"], strict=True))
+    assert right / 20 == pytest.approx(stats["test_accuracy"])
+    assert clear_labels(tmp_path / "model") == list(CLEAR.values())
+
+
+def clear_labels(model_dir: Path) -> list[int]:
+    """The labels the saved model gives the CLEAR reviews, on the CPU."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    encoded = tokenizer([t for t, _ in CLEAR], [c for _, c in CLEAR], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return model(**encoded).logits.argmax(-1).tolist()

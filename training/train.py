@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-id", default="bert-base-uncased")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps; overrides --epochs when > 0")
+    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps, overriding --epochs; -1: no limit")
     p.add_argument("--batch-size", type=int, default=16, help="per device")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--learning-rate", type=float, default=5e-5)
@@ -121,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-data-dir", default=env("SM_OUTPUT_DATA_DIR", "/opt/ml/output/data"))
     p.add_argument("--checkpoint-dir", default=os.path.join(env("SAGEMAKER_BASE_DIR", "/opt/ml"), "checkpoints"))
     args, unknown = p.parse_known_args(argv)
+    if args.max_steps == 0 or args.max_steps < -1:
+        p.error(f"--max-steps {args.max_steps}: expected a number of optimizer steps >= 1, or -1 for no limit")
     if unknown:
         print(f"warning: ignoring unknown arguments {unknown}", file=sys.stderr, flush=True)
     return args

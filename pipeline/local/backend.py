@@ -140,8 +140,13 @@ class LocalBackend:
         return self._runner(ran, True, lambda e: on_update(e.view())).retry(record).view()
 
     def records(self) -> list[Execution]:
-        """The pipeline's local executions, newest first."""
-        found = [Execution.load(p) for p in self.layout.executions(self.pipeline).glob(f"*/{RECORD_FILE}")]
+        """The pipeline's local executions, newest first; one whose process died while running it is failed now."""
+        found = []
+        for path in self.layout.executions(self.pipeline).glob(f"*/{RECORD_FILE}"):
+            execution = Execution.load(path)
+            if execution.reap():
+                execution.save(path.parent)
+            found.append(execution)
         return sorted(found, key=lambda e: (e.started, e.id), reverse=True)
 
     def record(self, execution: str | None) -> Execution:

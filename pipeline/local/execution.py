@@ -12,6 +12,7 @@ from typing import Any
 from pipeline.dag.expressions import Context, json_file_loader
 from pipeline.dag.graph import StepGraph
 from pipeline.errors import UserError
+from pipeline.local.orphans import Owner, stop_owned
 from pipeline.local.storage import LOCAL_ARN, RECORD_FILE, LocalS3
 from pipeline.records import ExecutionView, StepView
 
@@ -63,11 +64,15 @@ class Execution:
     selective_from: str = ""  # a selective run: the execution the unselected steps' outputs come from
     selected_steps: list[str] = field(default_factory=list)
     retries: int = 0  # times `retry` ran it again
+    owner_pid: int = 0  # the process running it, by pid, start time and host (see pipeline.local.orphans)
+    owner_started: float = 0.0
+    owner_host: str = ""
 
     @classmethod
     def new(cls, pipeline: str, parameters: dict[str, Any], steps: dict[str, str]) -> Execution:
         """A new execution of `pipeline` with these parameter values; `steps`: name -> type, in run order."""
         execution_id = f"{datetime.now():%Y%m%d%H%M%S}-{secrets.token_hex(3)}"
+        owner = Owner.current()
         return cls(
             id=execution_id,
             arn=f"{LOCAL_ARN}:pipeline/{pipeline.lower()}/execution/{execution_id}",
@@ -76,6 +81,9 @@ class Execution:
             started=now(),
             parameters=parameters,
             steps={name: StepRecord(name, kind) for name, kind in steps.items()},
+            owner_pid=owner.pid,
+            owner_started=owner.started,
+            owner_host=owner.host,
         )
 
     def to_json(self) -> str:
@@ -90,6 +98,23 @@ class Execution:
         data = json.loads(path.read_text())
         data["steps"] = {k: StepRecord(**v) for k, v in data["steps"].items()}
         return cls(**data)
+
+    def reap(self) -> bool:
+        """Fail an execution left `Executing` by a process that is gone (killed, crashed), with the reason, and stop
+        what is left of its jobs. True when it did (the caller saves the record)."""
+        owner = Owner(self.owner_pid, self.owner_started, self.owner_host)
+        if self.status != "Executing" or not self.owner_pid or owner.alive():
+            return False
+        left = stop_owned(owner)
+        self.status, self.ended = "Failed", self.ended or now()
+        self.failure_reason = (f"the command running it (pid {owner.pid}) ended without finishing it (killed?); "
+                               f"{left} process(es) of its jobs were left and have been stopped")
+        for record in self.steps.values():
+            if record.status == "Executing":
+                record.status, record.reason, record.ended = "Failed", self.failure_reason, record.ended or now()
+            elif record.status == "Pending":
+                record.status = "NotStarted"
+        return True
 
     def view(self) -> ExecutionView:
         return ExecutionView(
@@ -170,10 +195,10 @@ class ExecutionState:
         self.execution.status = "Failed" if failed else "Succeeded"
         self.execution.failure_reason = f"step {failed[0].name} failed: {failed[0].reason}" if failed else ""
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "") -> None:
         """Stopped by the user: the running step is Stopped, the ones that had not started never will."""
         self.execution.status = "Stopped"
-        self.execution.failure_reason = "stopped by the user (Ctrl-C)"
+        self.execution.failure_reason = reason or "stopped by the user (Ctrl-C)"
         for record in self.execution.steps.values():
             if record.status in ("Executing", "Pending"):
                 record.status = "Stopped" if record.status == "Executing" else "NotStarted"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import tarfile
 from pathlib import Path
 from typing import IO
 
+from pipeline.local import orphans
 from pipeline.local.storage import LocalS3
 
 PROCESSING = "/opt/ml/processing"
@@ -22,27 +24,42 @@ class StepFailed(RuntimeError):
 
 
 def run_logged(command: list[str], env: dict[str, str], log: IO[str], cwd: Path) -> None:
-    """Run `command` with its output in `log`; on Ctrl-C stop its whole process group, then re-raise."""
+    """Run `command` with its output in `log`, in a session of its own, its processes tagged with this process as
+    their owner (see pipeline.local.orphans); on Ctrl-C or SIGTERM stop the whole job, then re-raise."""
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
-    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    tag = orphans.job_tag(f"{Path(cwd).name}-{secrets.token_hex(4)}")
+    process = subprocess.Popen(command, env={**env, orphans.VARIABLE: tag}, cwd=cwd, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         code = process.wait()
-    except KeyboardInterrupt:
-        _stop(process)
+    except KeyboardInterrupt:  # Terminated (SIGTERM, SIGHUP) too
+        _stop(process, tag)
         raise
     if code != 0:
         raise StepFailed(f"exit code {code}: {last_error_line(Path(log.name))}")
 
 
-def _stop(process: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=wait)
-            return
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            continue
+def _stop(process: subprocess.Popen, tag: str) -> None:
+    """As SageMaker stops a job: SIGTERM (train.py checkpoints), SIGKILL after a grace period. What the job's leader
+    started goes first (torchrun and its ranks, in sessions of their own), so that the leader (the training toolkit)
+    still relays their last lines to the log; then the leader's process group, then any straggler."""
+    followers = [p for p in orphans.tagged(tag) if p.pid != process.pid]
+    try:
+        if followers:
+            orphans.signal_all(followers, signal.SIGTERM)
+        else:
+            os.killpg(process.pid, signal.SIGTERM)
+        for escalate in (signal.SIGTERM, signal.SIGKILL, None):
+            try:
+                process.wait(timeout=orphans.GRACE)
+                break
+            except subprocess.TimeoutExpired:
+                if escalate:
+                    os.killpg(process.pid, escalate)
+    except ProcessLookupError:
+        pass
+    orphans.stop_job(tag)
 
 
 def last_error_line(log: Path) -> str:

@@ -22,6 +22,7 @@ from pipeline.dag.expressions import Context, ExpressionError, condition, evalua
 from pipeline.dag.graph import StepGraph
 from pipeline.dag.parameters import resolve
 from pipeline.dag.selection import Selection
+from pipeline.errors import UserError
 from pipeline.local.cache import StepCache
 from pipeline.local.execution import Execution, ExecutionState, StepRecord, now
 from pipeline.local.jobs import StepFailed, run_processing, run_training
@@ -220,8 +221,8 @@ class LocalRunner:
                 self._run_step(state, name, folder / name)
                 self._save(state)
             state.finish()
-        except KeyboardInterrupt:
-            state.stop()
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM / SIGHUP (pipeline.errors.Terminated)
+            state.stop(str(interrupt))
         finally:
             state.execution.ended = now()
             self._save(state)
@@ -249,7 +250,7 @@ class LocalRunner:
             if executor is None:
                 raise ExpressionError(f"step {name}: step type {record.type!r} is not supported by the local runner")
             state.succeeded(name, executor(StepRun(self, state, self.graph.steps[name], record, folder)))
-        except (StepFailed, ExpressionError, FileNotFoundError, ValueError) as failure:
+        except (StepFailed, UserError, FileNotFoundError, ValueError) as failure:
             record.status, record.reason = "Failed", str(failure)
         finally:
             record.ended, record.seconds = now(), round(time.monotonic() - started, 2)

@@ -1,7 +1,8 @@
 """A local real-time endpoint: SageMaker's serving contract over HTTP on 127.0.0.1.
 
 `handler` loads a model and calls its handlers as the Hugging Face CPU inference container does, `server` serves
-it (`LocalEndpoint` in a thread, `serve_forever()` in the foreground) and `daemon` runs it detached
+it (`LocalEndpoint` in a thread, `serve_forever()` in the foreground; `framing` reads request bodies as HTTP/1.1
+frames them) and `daemon` runs it detached
 (`start_background()` runs `python -m pipeline.local.endpoint ... --state-file F` and returns once it serves;
 `read_state(F)`, `stop_background(F)`). Differences from the container: `code/requirements.txt` is not installed,
 a missing Content-Type is taken as `application/json`, and a failing `model_fn` fails `start()`/`update()` instead
@@ -11,7 +12,7 @@ of every request.
 from __future__ import annotations
 
 from pipeline.contract import MAX_PAYLOAD_BYTES
-from pipeline.local.endpoint.daemon import read_state, start_background, stop_background
+from pipeline.local.endpoint.daemon import EndpointStartError, read_state, start_background, stop_background
 from pipeline.local.endpoint.handler import (
     JSON_TYPE,
     UTF8_TYPES,
@@ -30,6 +31,7 @@ __all__ = [
     "UTF8_TYPES",
     "Context",
     "EndpointError",
+    "EndpointStartError",
     "LoadedModel",
     "LocalEndpoint",
     "extract_model",

@@ -7,7 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from pipeline.local.endpoint.daemon import MODULE
+from pipeline.local.endpoint.daemon import MODULE, EndpointStartError
+from pipeline.local.endpoint.handler import LOG
 from pipeline.local.endpoint.server import serve_forever
 
 
@@ -24,15 +25,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-file", type=Path, help="JSON file recording pid, port and version while serving")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    serve_forever(
-        args.model_data,
-        args.name,
-        args.port,
-        args.host,
-        version=args.model_version,
-        state_file=args.state_file,
-        on_ready=lambda url: print(f"endpoint {args.name} at {url}", flush=True),
-    )
+    try:
+        serve_forever(
+            args.model_data,
+            args.name,
+            args.port,
+            args.host,
+            version=args.model_version,
+            state_file=args.state_file,
+            on_ready=lambda url: print(f"endpoint {args.name} at {url}", flush=True),
+        )
+    except EndpointStartError as error:
+        LOG.warning("endpoint %s did not start", args.name, exc_info=True)
+        sys.exit(f"error: {error}")  # the last line of the log: start_background reports it
 
 
 if __name__ == "__main__":

@@ -17,11 +17,17 @@ from typing import Any
 
 import psutil
 
+from pipeline.errors import UserError
 from pipeline.local.endpoint.handler import LOG, serving_environment
+from pipeline.local.jobs import last_error_line
 
 MODULE = "pipeline.local.endpoint"  # what the detached process runs, and what its command line is checked for
 ROOT = Path(__file__).resolve().parents[3]
 _DETACHED: dict[int, subprocess.Popen] = {}  # endpoints this process started: kept so that they are reaped quietly
+
+
+class EndpointStartError(UserError, RuntimeError):
+    """An endpoint did not start: its port is taken, its model does not load, ... (one line, with the reason)."""
 
 
 def write_state(state_file: Path, state: dict[str, Any]) -> None:
@@ -153,9 +159,9 @@ def start_background(
             return state | {"running": True, "log_file": str(log_file)}
         if process.poll() is not None:
             _DETACHED.pop(process.pid, None)
-            tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-15:])
-            raise RuntimeError(
-                f"endpoint {name} exited with code {process.returncode} before serving; end of {log_file}:\n{tail}"
+            reason = last_error_line(log_file).removeprefix("error: ")
+            raise EndpointStartError(
+                f"endpoint {name} exited with code {process.returncode} before serving: {reason} (log: {log_file})"
             )
         if time.monotonic() > deadline:
             process.kill()

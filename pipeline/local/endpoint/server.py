@@ -4,7 +4,10 @@ Routes: `GET /ping` (200 once a model is loaded), `POST /invocations` (the conta
 `POST /endpoints/<name>/invocations` (SageMaker Runtime's route), so that
 `boto3.client("sagemaker-runtime", endpoint_url=url).invoke_endpoint(EndpointName=name, ...)` works unchanged.
 Errors are JSON `{"error", "message", "detail"}` with the code in `x-amzn-ErrorType` too: an unknown endpoint name
-is 400 `ValidationError`, a body over 6 MB is 413, an unknown path is 404.
+is 400 `ValidationError`, a body over 6 MB is 413, an unknown path is 404. So are malformed requests (`framing`):
+a bad request line or Content-Length 400, a POST without a length 411, too many or too long headers 431, a body that
+does not arrive within `read_timeout` seconds 408; then the connection closes. An idle connection closes after
+`read_timeout` seconds.
 """
 
 from __future__ import annotations
@@ -13,21 +16,23 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pipeline.contract import MAX_PAYLOAD_BYTES
-from pipeline.local.endpoint.daemon import load_state, write_state
+from pipeline.local.endpoint.daemon import EndpointStartError, load_state, write_state
+from pipeline.local.endpoint.framing import FramingError, read_body
 from pipeline.local.endpoint.handler import JSON_TYPE, LOG, EndpointError, LoadedModel, serving_environment
 
-_DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body up to this size is read and dropped, beyond it unread
+READ_TIMEOUT = 60.0  # seconds: the most a request's body may take to arrive, and a connection may stay idle
 ACCOUNT = "000000000000"
 _INVOKE_PATH = re.compile(r"/endpoints/([^/]+)/invocations")
 
@@ -36,14 +41,45 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     endpoint: LocalEndpoint
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):  # the client went away: nothing to answer
+            LOG.info("%s: connection dropped (%s)", client_address[0], type(error).__name__)
+        else:
+            LOG.exception("%s: request failed", client_address[0])
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "LocalSageMakerEndpoint/1.0"
     server: _Server
 
+    def setup(self) -> None:
+        self.timeout = self.server.endpoint.read_timeout  # idle connections close; StreamRequestHandler applies it
+        super().setup()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self.request_version == "HTTP/0.9":  # a two-word request line: answered as HTTP/0.9, without headers
+            self.send_error(HTTPStatus.BAD_REQUEST, f"Bad request line {self.requestline!r}: expected HTTP/1.x")
+            return False
+        return True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (request line, headers, method) as JSON, and the connection closes."""
+        if code in (HTTPStatus.NOT_IMPLEMENTED, HTTPStatus.HTTP_VERSION_NOT_SUPPORTED):
+            code = HTTPStatus.METHOD_NOT_ALLOWED if code == HTTPStatus.NOT_IMPLEMENTED else HTTPStatus.BAD_REQUEST
+        if self.request_version == "HTTP/0.9" or not self.request_version:
+            self.request_version = "HTTP/1.0"  # so that the status line and headers are written
+        self.close_connection = True
+        name = "ValidationError" if code == 400 else HTTPStatus(code).phrase.title().replace(" ", "").replace("-", "")
+        detail = f"{message}: {explain}" if message and explain else message or explain or HTTPStatus(code).phrase
+        self._error(EndpointError(int(code), name, detail), time.perf_counter())
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         started = time.perf_counter()
+        self._unread_body()
         path = urlsplit(self.path).path
         if path == "/ping":
             model = self.server.endpoint.model
@@ -95,49 +131,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(error, started)
 
     def _method_not_allowed(self) -> None:
+        self._unread_body()
         self._error(EndpointError(405, "MethodNotAllowed", f"{self.command} is not supported"), time.perf_counter())
 
     do_PUT = do_DELETE = do_PATCH = _method_not_allowed  # noqa: N815
 
-    def _read_body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked()
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError as exc:
-            raise EndpointError(400, "ValidationError", "invalid Content-Length") from exc
-        if length > MAX_PAYLOAD_BYTES:
-            if length <= _DRAIN_LIMIT:  # read it away, so that a client still sending gets the answer
-                left = length
-                while left > 0 and (chunk := self.rfile.read(min(left, 1 << 20))):
-                    left -= len(chunk)
-            else:
-                self.close_connection = True  # the body stays unread
-            raise EndpointError(
-                413,
-                "ValidationError",
-                f"Request body of {length} bytes is over the {MAX_PAYLOAD_BYTES} bytes limit of real-time inference.",
-            )
-        return self.rfile.read(length)
+    def _unread_body(self) -> None:
+        """A body this route does not read would be taken for the next request: close after answering."""
+        if self.headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in self.headers:
+            self.close_connection = True
 
-    def _read_chunked(self) -> bytes:
-        chunks, total = [], 0
-        while True:
-            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                    pass
-                return b"".join(chunks)
-            total += size
-            if total > MAX_PAYLOAD_BYTES:
-                self.close_connection = True
-                raise EndpointError(
-                    413,
-                    "ValidationError",
-                    f"Request body is over the {MAX_PAYLOAD_BYTES} bytes limit of real-time inference.",
-                )
-            chunks.append(self.rfile.read(size))
-            self.rfile.readline()
+    def _read_body(self) -> bytes:
+        try:
+            return read_body(self.rfile, self.connection, self.headers, self.server.endpoint.read_timeout)
+        except FramingError as error:
+            self.close_connection = self.close_connection or not error.keep_alive
+            raise
 
     def _error(self, error: EndpointError, started: float) -> None:
         self._send(
@@ -169,8 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
         LOG.info(
             "%s %s %s %d %dB %.1fms%s",
             self.server.endpoint.name,
-            self.command,
-            urlsplit(self.path).path,
+            self.command or "-",
+            urlsplit(getattr(self, "path", "") or "").path or "-",
             status,
             len(payload),
             (time.perf_counter() - started) * 1000,
@@ -189,9 +198,10 @@ class _Handler(BaseHTTPRequestHandler):
 class LocalEndpoint:
     """A model served over HTTP from a background thread of this process."""
 
-    def __init__(self, host: str = "127.0.0.1", program: str | None = None) -> None:
+    def __init__(self, host: str = "127.0.0.1", program: str | None = None, read_timeout: float = READ_TIMEOUT) -> None:
         self.host = host
         self.program = program
+        self.read_timeout = read_timeout
         self.name: str | None = None
         self.model: LoadedModel | None = None
         self._server: _Server | None = None
@@ -199,19 +209,22 @@ class LocalEndpoint:
         self._swap_lock = threading.Lock()
 
     def start(self, model_data: Path, name: str, port: int = 8080, version: str | None = None) -> str:
-        """Load the model, then serve it on host:port (0 picks a free port); returns the URL."""
+        """Take host:port (0 picks a free port), load the model, then serve it; returns the URL."""
         if self._server is not None:
             raise RuntimeError(f"endpoint {self.name} is already running at {self.url}")
         if not name or "/" in name:
             raise ValueError(f"invalid endpoint name {name!r}")
-        self.name = name
-        self.model = LoadedModel(model_data, name, version, self.program)
         try:
-            self._server = _Server((self.host, port), _Handler)
-        except OSError:
-            self.model.close()
-            self.model = None
+            server = _Server((self.host, port), _Handler)
+        except OSError as error:
+            raise EndpointStartError(f"endpoint {name}: cannot listen on {self.host}:{port}: "
+                                     f"{error.strerror or error} (choose another port)") from error
+        try:
+            self.model = LoadedModel(model_data, name, version, self.program)
+        except BaseException:
+            server.server_close()
             raise
+        self.name, self._server = name, server
         self._server.endpoint = self
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"endpoint-{name}", daemon=True)
         self._thread.start()
@@ -290,7 +303,14 @@ def serve_forever(
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        url = endpoint.start(Path(model_data), name, port, version)
+        try:
+            url = endpoint.start(Path(model_data), name, port, version)
+        except EndpointStartError:
+            raise
+        except Exception as error:  # a broken artifact or handler: one line (the cause stays chained)
+            first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+            raise EndpointStartError(f"endpoint {name}: the model at {model_data} did not load: "
+                                     f"{type(error).__name__}: {first.rstrip(':')}") from error
         if state_file is not None:
             write_state(
                 Path(state_file),
