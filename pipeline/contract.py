@@ -27,7 +27,6 @@ BATCH_SIZE = "BatchSize"
 MAX_LENGTH = "MaxLength"
 ACCURACY_THRESHOLD = "AccuracyThreshold"
 MODEL_APPROVAL_STATUS = "ModelApprovalStatus"
-ENDPOINT_NAME = "EndpointName"
 
 # Tokenize's outputs: the splits and its statistics
 SPLITS = ("train", "validation", "test")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.console import Console
 
 from pipeline.backend import Backend, open_backend
@@ -12,6 +14,9 @@ from pipeline.config import Config, load_config
 
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
+
+LOCAL = Annotated[bool, typer.Option("--local", help="On this machine: local runner, registry and endpoint.")]
+ROOT = Annotated[Path | None, typer.Option(help="Folder of the local account (default local.root).")]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline.prices import PRICING_URL
-from pipeline.records import ExecutionView, OnUpdate, RunSummary, Upserted, VersionView
+from pipeline.records import Changes, ExecutionView, OnUpdate, RunSummary, StageView, Upserted, VersionView
 
 if TYPE_CHECKING:
     from pipeline.compare.report import Report
@@ -126,6 +126,8 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         console.print(f"registered: {summary.group} version {summary.registered.version} ({summary.registered.status})")
         if summary.approve_hint:
             console.print(f"approve it to deploy: {summary.approve_hint}")
+    for line in summary.lifecycle:
+        console.print(line, markup=False, highlight=False)
     deployment = summary.deployment
     if deployment:
         console.print(f"endpoint {deployment.endpoint} {deployment.action}: {deployment.where}")
@@ -156,6 +158,20 @@ def versions_table(versions: list[VersionView], group: str) -> Table:
 
     rows = [[str(v.version), v.status, accuracy(v.accuracy), v.created] for v in versions]
     return table(f"model package group {group}", ["version", "status", "accuracy", "created"], rows)
+
+
+def print_changes(done: Changes, console: Console) -> None:
+    """What a lifecycle command did, one line each."""
+    for line in done.lines:
+        console.print(line, markup=False, highlight=False)
+
+
+def endpoints_table(stages: list[StageView]) -> Table:
+    """Per stage: endpoint, the version it serves, status, instances, scaling bounds, the last test."""
+    rows = [[s.stage, escape(s.endpoint), str(s.version or "-"), styled(s.status), s.instances, escape(s.scaling),
+             escape(s.test), escape(s.where)] for s in stages]
+    columns = ["stage", "endpoint", "version", "status", "instances", "scaling", "last test", "where"]
+    return table("endpoints", columns, rows)
 
 
 # cost

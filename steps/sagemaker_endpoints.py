@@ -1,17 +1,7 @@
-"""Deploy an Approved model package version to the real-time endpoint (AWS Lambda handler).
+"""SageMaker endpoints of the deploy Lambda: a model package version on an endpoint (created or updated), and the
+production endpoint's autoscaling. Standard library and boto3 only (the caller passes the clients).
 
-Runs in the python3.12 Lambda runtime: standard library and boto3 only, nothing from `pipeline/`.
-
-One function, `deploy()`, three callers (see `lambda_handler`):
-- the pipeline's Deploy LambdaStep: {"model_package_arn", "endpoint_name", "instance_type", "instance_count"};
-- the EventBridge rule on "SageMaker Model Package State Change" (a version was approved);
-- a direct invocation: {"model_package_arn": ...} (anything missing comes from the environment).
-
-Environment of the function: ENDPOINT_NAME, INSTANCE_TYPE, INSTANCE_COUNT, DATA_CAPTURE_S3_URI,
-SAGEMAKER_ROLE_ARN (execution role of the model), GUARDRAILS_ALARM (a CloudWatch alarm name: endpoint
-updates become blue/green and roll back automatically when it fires).
-
-Idempotent: the model, endpoint config and endpoint are named after the version (and the serving
+`deploy()` is idempotent: the model, endpoint config and endpoint are named after the version (and the serving
 settings), so a repeated or concurrent call finds them and changes nothing. It never waits for InService.
 """
 
@@ -23,17 +13,21 @@ import os
 import re
 from typing import Any
 
+import lifecycle
+
 APPROVED = "Approved"
-MODEL_PACKAGE_EVENT = "SageMaker Model Package State Change"
 MAX_NAME = 63
 DEFAULT_INSTANCE_TYPE = "ml.c5.xlarge"
+VARIANT = "AllTraffic"
+DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+CONFIG_VERSION = re.compile(r"-v(\d+)-[0-9a-f]{8}$")
 
 
-class NotApproved(ValueError):
+class NotApproved(lifecycle.Refused):
     """The model package version is not Approved: nothing was deployed."""
 
 
-class DeployError(RuntimeError):
+class DeployError(lifecycle.DeployError):
     """Deployment cannot proceed (missing setting, endpoint busy); the message says what to do."""
 
 
@@ -81,7 +75,7 @@ def _already_exists(error: Exception) -> bool:
     return code in ("ResourceInUse", "ValidationException") and "already exist" in message.lower()
 
 
-def _describe(call: Any, **kwargs: Any) -> dict | None:
+def describe(call: Any, **kwargs: Any) -> dict | None:
     """The description, or None when the resource does not exist."""
     try:
         return call(**kwargs)
@@ -133,8 +127,13 @@ def deploy(
     role_arn: str | None = None,
     data_capture_s3_uri: str | None = None,
     guardrails_alarm: str | None = None,
+    autoscaling: Any = None,
 ) -> dict:
     """Serve model package version `model_package_arn` on `endpoint_name` (created or updated).
+
+    `autoscaling` (an application-autoscaling client) marks an autoscaled endpoint: an update keeps its instance
+    count (RetainAllVariantProperties; data capture still follows the new config), and a change of instance type
+    removes the scaling policy and target first, as SageMaker requires (the next InService applies them again).
 
     Raises NotApproved for a version that is not Approved. Returns {"endpoint_config_name",
     "model_name", "action": "created" | "updated" | "unchanged" | "in-progress", "endpoint_name",
@@ -149,7 +148,7 @@ def deploy(
     if instance_count < 1:
         raise DeployError(f"instance_count={instance_count}: expected 1 or more")
     try:
-        package = _describe(sm.describe_model_package, ModelPackageName=model_package_arn)
+        package = describe(sm.describe_model_package, ModelPackageName=model_package_arn)
     except Exception as e:
         if _error_code(e)[0] != "ValidationException":
             raise
@@ -175,12 +174,12 @@ def deploy(
         "model_version": str(version),
     }
 
-    endpoint = _describe(sm.describe_endpoint, EndpointName=endpoint_name)
+    endpoint = describe(sm.describe_endpoint, EndpointName=endpoint_name)
     if endpoint is not None and target_config(endpoint) == config:
         return converged(result, endpoint)
     _check_ready(endpoint_name, endpoint)
 
-    if _describe(sm.describe_model, ModelName=model) is None:
+    if describe(sm.describe_model, ModelName=model) is None:
         role = role_arn or os.environ.get("SAGEMAKER_ROLE_ARN")
         if not role:
             raise DeployError("no execution role for the model: pass role_arn or set SAGEMAKER_ROLE_ARN")
@@ -190,7 +189,7 @@ def deploy(
             Containers=[{"ModelPackageName": arn}],
             ExecutionRoleArn=role,
         )
-    if _describe(sm.describe_endpoint_config, EndpointConfigName=config) is None:
+    if describe(sm.describe_endpoint_config, EndpointConfigName=config) is None:
         request: dict[str, Any] = {
             "EndpointConfigName": config,
             "ProductionVariants": [
@@ -212,6 +211,12 @@ def deploy(
             return _after_race(sm, endpoint_name, result)  # a concurrent caller created it first
         return {**result, "action": "created", "previous_endpoint_config_name": ""}
     update: dict[str, Any] = {"EndpointName": endpoint_name, "EndpointConfigName": config}
+    if autoscaling is not None:
+        if _instance_type(sm, endpoint) == instance_type:
+            update["RetainAllVariantProperties"] = True
+            update["ExcludeRetainedVariantProperties"] = [{"VariantPropertyType": "DataCaptureConfig"}]
+        else:
+            remove_autoscaling(autoscaling, endpoint_name)
     if guardrails_alarm:
         update["DeploymentConfig"] = deployment_config(guardrails_alarm)
     try:
@@ -252,58 +257,64 @@ def _check_ready(endpoint_name: str, endpoint: dict | None) -> None:
 
 def _after_race(sm: Any, endpoint_name: str, result: dict) -> dict:
     """Another caller changed the endpoint between our describe and our call: success if it went our way."""
-    endpoint = _describe(sm.describe_endpoint, EndpointName=endpoint_name)
+    endpoint = describe(sm.describe_endpoint, EndpointName=endpoint_name)
     if endpoint is not None and target_config(endpoint) == result["endpoint_config_name"]:
         return converged(result, endpoint)
     _check_ready(endpoint_name, endpoint)
     raise DeployError(f"endpoint {endpoint_name} changed while deploying; deploy again")
 
 
-def _settings_from_env() -> dict[str, Any]:
-    return {
-        "endpoint_name": os.environ.get("ENDPOINT_NAME", ""),
-        "instance_type": os.environ.get("INSTANCE_TYPE") or DEFAULT_INSTANCE_TYPE,
-        "instance_count": int(os.environ.get("INSTANCE_COUNT") or 1),
-        "data_capture_s3_uri": os.environ.get("DATA_CAPTURE_S3_URI") or None,
-        "role_arn": os.environ.get("SAGEMAKER_ROLE_ARN") or None,
-        "guardrails_alarm": os.environ.get("GUARDRAILS_ALARM") or None,
-    }
+def _instance_type(sm: Any, endpoint: dict) -> str | None:
+    config = describe(sm.describe_endpoint_config, EndpointConfigName=endpoint.get("EndpointConfigName", ""))
+    variants = (config or {}).get("ProductionVariants") or [{}]
+    return variants[0].get("InstanceType")
 
 
-def request_from_event(event: dict) -> dict[str, Any] | None:
-    """deploy() arguments for one of the three event shapes; None for an event to ignore."""
-    settings = _settings_from_env()
-    if event.get("detail-type") == MODEL_PACKAGE_EVENT or "detail" in event:
-        detail = event.get("detail") or {}
-        if detail.get("ModelApprovalStatus") != APPROVED or not detail.get("ModelPackageArn"):
-            return None
-        return {**settings, "model_package_arn": detail["ModelPackageArn"]}
-    if not event.get("model_package_arn"):
-        raise DeployError(
-            "unrecognised event: expected {'model_package_arn': ...} or a "
-            f"'{MODEL_PACKAGE_EVENT}' EventBridge event; got keys {sorted(event)}"
-        )
-    # The LambdaStep inputs or a direct call: what the event names wins over the environment.
-    for key in settings:
-        if event.get(key) not in (None, ""):
-            settings[key] = event[key]
-    return {**settings, "model_package_arn": event["model_package_arn"]}
+def config_version(config_name: str) -> int | None:
+    """The model package version an endpoint config of deploy() serves (`<endpoint>-v<N>-<hash>`), or None."""
+    match = CONFIG_VERSION.search(config_name or "")
+    return int(match.group(1)) if match else None
 
 
-def lambda_handler(event: dict, context: Any = None) -> dict:
-    """Entry point of the deploy Lambda. A refusal raises, so a LambdaStep fails with the message."""
-    import boto3
+def scaling_resource(endpoint_name: str) -> str:
+    return f"endpoint/{endpoint_name}/variant/{VARIANT}"
 
-    request = request_from_event(event or {})
-    if request is None:
-        detail = (event or {}).get("detail") or {}
-        result = {
-            "action": "ignored",
-            "reason": f"status {detail.get('ModelApprovalStatus')!r} is not Approved",
-            "model_package_arn": detail.get("ModelPackageArn", ""),
-            "endpoint_config_name": "",
-        }
-    else:
-        result = deploy(boto3.client("sagemaker"), **request)
-    print(json.dumps(result))  # one line in CloudWatch Logs per invocation
-    return result
+
+def policy_name(endpoint_name: str) -> str:
+    return f"{endpoint_name}-invocations-per-instance"
+
+
+def apply_autoscaling(aas: Any, endpoint_name: str, low: int, high: int, target: float) -> dict:
+    """Target tracking on invocations per instance (per minute), between `low` and `high` instances: registered and
+    put again by every call (both calls update in place, so nothing is ever duplicated)."""
+    if not 1 <= low <= high:
+        raise DeployError(f"autoscaling {low}..{high} instances: expected 1 <= min <= max")
+    resource = {"ServiceNamespace": "sagemaker", "ResourceId": scaling_resource(endpoint_name),
+                "ScalableDimension": DIMENSION}
+    aas.register_scalable_target(**resource, MinCapacity=low, MaxCapacity=high)
+    aas.put_scaling_policy(
+        PolicyName=policy_name(endpoint_name), PolicyType="TargetTrackingScaling", **resource,
+        TargetTrackingScalingPolicyConfiguration={
+            "TargetValue": float(target),
+            "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+            "ScaleInCooldown": 300,
+            "ScaleOutCooldown": 60,
+        },
+    )
+    return {"min": low, "max": high, "target": float(target)}
+
+
+def remove_autoscaling(aas: Any, endpoint_name: str) -> bool:
+    """Delete the scaling policy, then deregister the target; False when there was none."""
+    resource = {"ServiceNamespace": "sagemaker", "ResourceId": scaling_resource(endpoint_name),
+                "ScalableDimension": DIMENSION}
+    removed = False
+    for call, extra in ((aas.delete_scaling_policy, {"PolicyName": policy_name(endpoint_name)}),
+                        (aas.deregister_scalable_target, {})):
+        try:
+            call(**resource, **extra)
+            removed = True
+        except Exception as e:
+            if _error_code(e)[0] != "ObjectNotFoundException":
+                raise
+    return removed

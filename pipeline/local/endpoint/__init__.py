@@ -11,7 +11,7 @@ of every request.
 from __future__ import annotations
 
 from pipeline.contract import MAX_PAYLOAD_BYTES
-from pipeline.local.endpoint.daemon import read_state, start_background, stop_background
+from pipeline.local.endpoint.daemon import StartFailed, read_state, start_background, stop_background
 from pipeline.local.endpoint.handler import (
     JSON_TYPE,
     UTF8_TYPES,
@@ -27,6 +27,7 @@ __all__ = [
     "ACCOUNT",
     "JSON_TYPE",
     "MAX_PAYLOAD_BYTES",
+    "StartFailed",
     "UTF8_TYPES",
     "Context",
     "EndpointError",

@@ -1,8 +1,8 @@
 """The detached local endpoint: a `python -m pipeline.local.endpoint` process, found through its JSON state file.
 
-`start_background()` launches the process and returns once it serves, `read_state()` tells whether it still runs
-(a pid from a stale state file may have been reused, so the process's command line is checked), and
-`stop_background()` stops it (SIGTERM, then SIGKILL).
+`start_background()` launches the process and returns once it serves (blue/green: it replaces a running one only
+after the new one answers), `read_state()` tells whether it still runs (a pid from a stale state file may have been
+reused, so the process's command line is checked), and `stop_background()` stops it (SIGTERM, then SIGKILL).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -79,25 +80,82 @@ def read_state(state_file: Path) -> dict[str, Any] | None:
     return state
 
 
+def _terminate(pid: int, name: str, timeout: float) -> bool:
+    """SIGTERM the endpoint process `pid`, SIGKILL it after `timeout`; False when it was not running."""
+    if not _is_endpoint_process(pid):
+        return False
+    _signal(pid)
+    deadline = time.monotonic() + timeout
+    while _is_endpoint_process(pid):
+        if time.monotonic() > deadline:
+            _signal(pid, kill=True)
+            deadline = time.monotonic() + timeout
+        time.sleep(0.05)
+    LOG.info("endpoint %s: stopped pid %d", name, pid)
+    return True
+
+
 def stop_background(state_file: Path, timeout: float = 15.0) -> bool:
     """Stop the detached endpoint of `state_file` (SIGTERM, then SIGKILL); False when none was running."""
     state_file = Path(state_file)
     state = load_state(state_file)
     if state is None:
         return False
-    pid, stopped = state.get("pid"), False
-    if isinstance(pid, int) and _is_endpoint_process(pid):
-        _signal(pid)
-        deadline = time.monotonic() + timeout
-        while _is_endpoint_process(pid):
-            if time.monotonic() > deadline:
-                _signal(pid, kill=True)
-                deadline = time.monotonic() + timeout
-            time.sleep(0.05)
-        stopped = True
-        LOG.info("endpoint %s: stopped pid %d", state.get("name"), pid)
+    pid = state.get("pid")
+    stopped = isinstance(pid, int) and _terminate(pid, str(state.get("name")), timeout)
     state_file.unlink(missing_ok=True)
     return stopped
+
+
+class StartFailed(RuntimeError):
+    """The new endpoint did not come up (one line; `tail`: the end of its log); the one it replaces still serves."""
+
+    def __init__(self, message: str, tail: str = "") -> None:
+        super().__init__(message)
+        self.tail = tail
+
+
+def _answers(url: str, version: str | None, attempts: int = 50) -> bool:
+    """Whether GET /ping at `url` reaches the endpoint serving `version` (with SO_REUSEPORT the old one may answer
+    some connections until it stops, so a few tries are made)."""
+    for _ in range(attempts):
+        try:
+            with urllib.request.urlopen(f"{url}/ping", timeout=10) as answer:
+                if version is None or json.loads(answer.read()).get("version") == version:
+                    return True
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    return False
+
+
+def _launch(command: list[str], env: dict[str, str], log_file: Path) -> subprocess.Popen:
+    with open(log_file, "ab") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    _DETACHED[process.pid] = process
+    return process
+
+
+def _wait_ready(process: subprocess.Popen, state_file: Path, name: str, log_file: Path, timeout: float) -> dict:
+    """The state the new process wrote once it serves; StartFailed (process ended or killed) otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = load_state(state_file)
+        if state is not None and state.get("pid") == process.pid and state.get("status") == "InService":
+            return state
+        if process.poll() is not None:
+            _DETACHED.pop(process.pid, None)
+            lines = [line for line in log_file.read_text(errors="replace").splitlines() if line.strip()]
+            last = lines[-1].strip() if lines else "no output"
+            raise StartFailed(f"endpoint {name} exited with code {process.returncode} before serving: {last} "
+                              f"(log: {log_file})", "\n".join(lines[-15:]))
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            _DETACHED.pop(process.pid, None)
+            raise StartFailed(f"endpoint {name} did not start within {timeout:.0f}s; see {log_file}")
+        time.sleep(0.1)
 
 
 def start_background(
@@ -114,52 +172,34 @@ def start_background(
 ) -> dict[str, Any]:
     """Serve from a detached process that outlives this one; returns its state once it answers.
 
-    A running endpoint recorded in `state_file` is stopped first (so a second start replaces the first). The
-    process logs to `log_file` (default: the state file with suffix .log) and runs with `environment` (the model's
-    container environment) added to this one's.
+    Blue/green: an endpoint already running for `state_file` keeps serving while the new process loads the model and
+    binds `port` (beside it, through SO_REUSEPORT, when it is the same port); once the new one answers, the old one
+    is stopped. If the new one fails (the port is held by another program, the model does not load), it is stopped,
+    the old one serves on, and StartFailed says so. The process logs to `log_file` (default: the state file with
+    suffix .log) and runs with `environment` (the model's container environment) added to this one's.
     """
     state_file = Path(state_file).resolve()
-    stop_background(state_file)
+    old = read_state(state_file)
+    old = old if old and old.get("running") else None
     log_file = Path(log_file).resolve() if log_file else state_file.with_suffix(".log")
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        MODULE,
-        "--model-data",
-        str(Path(model_data).resolve()),
-        "--name",
-        name,
-        "--port",
-        str(port),
-        "--host",
-        host,
-        "--state-file",
-        str(state_file),
-    ]
+    command = [sys.executable, "-m", MODULE, "--model-data", str(Path(model_data).resolve()), "--name", name,
+               "--port", str(port), "--host", host, "--state-file", str(state_file), "--reuse-port"]
     if version is not None:
         command += ["--model-version", str(version)]
     env = dict(os.environ, **serving_environment(environment))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    with open(log_file, "ab") as log:
-        process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    _DETACHED[process.pid] = process
-    deadline = time.monotonic() + timeout
-    while True:
-        state = load_state(state_file)
-        if state is not None and state.get("pid") == process.pid and state.get("status") == "InService":
-            return state | {"running": True, "log_file": str(log_file)}
-        if process.poll() is not None:
-            _DETACHED.pop(process.pid, None)
-            tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-15:])
-            raise RuntimeError(
-                f"endpoint {name} exited with code {process.returncode} before serving; end of {log_file}:\n{tail}"
-            )
-        if time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            _DETACHED.pop(process.pid, None)
-            raise TimeoutError(f"endpoint {name} did not start within {timeout:.0f}s; see {log_file}")
-        time.sleep(0.1)
+    process = _launch(command, env, log_file)
+    try:
+        state = _wait_ready(process, state_file, name, log_file, timeout)
+        if not _answers(state.get("url") or f"http://{host}:{state['port']}", version):
+            _terminate(process.pid, name, 15.0)
+            raise StartFailed(f"endpoint {name} wrote its state but does not answer on port {state.get('port')}")
+    except StartFailed as e:
+        if old is not None:
+            write_state(state_file, {k: v for k, v in old.items() if k != "running"})
+            raise StartFailed(f"{e}; version {old.get('version')} still serves at {old.get('url')}", e.tail) from None
+        raise
+    if old is not None and old.get("pid") != process.pid:
+        _terminate(old["pid"], name, 15.0)
+    return state | {"running": True, "log_file": str(log_file)}

@@ -37,6 +37,10 @@ class _Server(ThreadingHTTPServer):
     endpoint: LocalEndpoint
 
 
+class _SharedPortServer(_Server):
+    allow_reuse_port = True  # SO_REUSEPORT: a new detached endpoint binds the port while the old one still serves
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "LocalSageMakerEndpoint/1.0"
@@ -189,8 +193,8 @@ class _Handler(BaseHTTPRequestHandler):
 class LocalEndpoint:
     """A model served over HTTP from a background thread of this process."""
 
-    def __init__(self, host: str = "127.0.0.1", program: str | None = None) -> None:
-        self.host = host
+    def __init__(self, host: str = "127.0.0.1", program: str | None = None, reuse_port: bool = False) -> None:
+        self.host, self.reuse_port = host, reuse_port
         self.program = program
         self.name: str | None = None
         self.model: LoadedModel | None = None
@@ -207,7 +211,7 @@ class LocalEndpoint:
         self.name = name
         self.model = LoadedModel(model_data, name, version, self.program)
         try:
-            self._server = _Server((self.host, port), _Handler)
+            self._server = (_SharedPortServer if self.reuse_port else _Server)((self.host, port), _Handler)
         except OSError:
             self.model.close()
             self.model = None
@@ -279,12 +283,13 @@ def serve_forever(
     state_file: Path | None = None,
     on_ready: Callable[[str], Any] | None = None,
     environment: dict[str, str] | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve in the foreground until Ctrl-C or SIGTERM; with `state_file`, record pid/port/version there.
 
     `environment` (the model's container environment) is set in this process before the handler loads."""
     os.environ.update(serving_environment(environment))
-    endpoint = LocalEndpoint(host)
+    endpoint = LocalEndpoint(host, reuse_port=reuse_port)
     stop = threading.Event()
     previous = None
     if threading.current_thread() is threading.main_thread():

@@ -1,0 +1,107 @@
+"""The deploy Lambda (handler `deploy.lambda_handler`): the model lifecycle on AWS, driven by events.
+
+Runs in the python3.12 Lambda runtime from a zip that `upsert` makes of this file and the modules it imports
+(lifecycle, endpoint_check, sagemaker_endpoints, sagemaker_account): standard library and boto3 only. Its settings
+come from the environment (sagemaker_account.Settings). Callers, each handled by lifecycle.Lifecycle:
+- the pipeline's Deploy LambdaStep, {"model_package_arn": ...} (also a direct invocation): the version must be
+  Approved (else the step fails); staging is reconciled, i.e. the new version goes to the staging endpoint;
+- "SageMaker Model Package State Change" (the approval rule): Approved -> staging; Rejected or back to pending ->
+  production, then staging (a rollback where either served that version). Events whose UpdatedModelPackageFields
+  leave out ModelApprovalStatus (the lifecycle's own metadata writes) are ignored;
+- "SageMaker Endpoint State Change" of the staging or production endpoint: IN_SERVICE reconciles that stage (staging:
+  the endpoint test of a new version, then auto-promotion if configured; production: autoscaling, and an approval or
+  rollback that waited for the update), FAILED is an alert.
+Nothing is refused because an endpoint is busy: the decision is "deferred" and the InService event of that update
+runs it. Returns {"action", "endpoint_config_name", "endpoint_name", "outcomes": [...]} (the first two are the
+LambdaStep's outputs, from the staging outcome).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import lifecycle
+import sagemaker_account
+import sagemaker_endpoints
+
+APPROVED = "Approved"
+MODEL_PACKAGE_EVENT = "SageMaker Model Package State Change"
+ENDPOINT_EVENT = "SageMaker Endpoint State Change"
+STATUS_FIELD = "ModelApprovalStatus"
+
+
+class UnknownEvent(ValueError):
+    """An event of no shape this handler knows."""
+
+
+def result(outcomes: list[dict[str, Any]], stage: str = lifecycle.STAGING) -> dict[str, Any]:
+    main = next((o for o in outcomes if o["stage"] == stage and o.get("endpoint_config_name")), None)
+    main = main or next((o for o in outcomes if o["stage"] == stage), {"action": "ignored", "endpoint": ""})
+    return {"action": main["action"], "endpoint_config_name": main.get("endpoint_config_name", ""),
+            "endpoint_name": main["endpoint"], "outcomes": outcomes}
+
+
+def _ignored(reason: str) -> dict[str, Any]:
+    return {"action": "ignored", "endpoint_config_name": "", "endpoint_name": "", "reason": reason, "outcomes": []}
+
+
+def _package_event(life: lifecycle.Lifecycle, settings: sagemaker_account.Settings, detail: dict) -> dict[str, Any]:
+    if detail.get("ModelPackageGroupName") != settings.group:
+        return _ignored(f"model package group {detail.get('ModelPackageGroupName')!r} is not {settings.group!r}")
+    updated = detail.get("UpdatedModelPackageFields")
+    if updated is not None and STATUS_FIELD not in updated:
+        return _ignored(f"only {', '.join(updated) or 'nothing'} changed, not the approval status")
+    if detail.get(STATUS_FIELD) == APPROVED:
+        return result(life.reconcile(lifecycle.STAGING))
+    return result(life.on_change(), lifecycle.PRODUCTION)
+
+
+def _endpoint_event(life: lifecycle.Lifecycle, account: sagemaker_account.SageMakerAccount,
+                    detail: dict) -> dict[str, Any]:
+    stage = account.settings.stage_of(detail.get("EndpointName", ""))
+    status = str(detail.get("EndpointStatus", "")).replace("_", "").lower()
+    if stage is None:
+        return _ignored(f"endpoint {detail.get('EndpointName')!r} is neither the staging nor the production one")
+    if status not in ("inservice", "failed"):
+        return _ignored(f"endpoint status {detail.get('EndpointStatus')!r}")
+    reason = account.failure_reason(stage) if status == "failed" else ""
+    return result(life.on_endpoint(stage, status, reason), stage)
+
+
+def step(account: lifecycle.Account, policy: lifecycle.Policy, arn: str) -> dict[str, Any]:
+    """The Deploy step (here and in the local runner) or a direct call: the named version must be Approved, and a
+    failed deploy fails the step."""
+    version = account.version(int(arn.rsplit("/", 1)[-1]))
+    if version is None or version.status != APPROVED:
+        status = version.status if version else "missing"
+        raise sagemaker_endpoints.NotApproved(
+            f"model package {arn} is {status}, not Approved: approve it first; nothing was deployed")
+    done = result(lifecycle.Lifecycle(account, policy).reconcile(lifecycle.STAGING))
+    failed = [o["line"] for o in done["outcomes"] if o["action"] == "deploy-failed"]
+    if failed:
+        raise sagemaker_endpoints.DeployError(failed[0])
+    return done
+
+
+def handle(event: dict, account: sagemaker_account.SageMakerAccount) -> dict[str, Any]:
+    """Route one event (see the module) to the lifecycle of `account`."""
+    life = lifecycle.Lifecycle(account, account.settings.policy)
+    kind = event.get("detail-type")
+    if kind == MODEL_PACKAGE_EVENT:
+        return _package_event(life, account.settings, event.get("detail") or {})
+    if kind == ENDPOINT_EVENT:
+        return _endpoint_event(life, account, event.get("detail") or {})
+    if event.get("model_package_arn"):
+        return step(account, account.settings.policy, event["model_package_arn"])
+    raise UnknownEvent(f"unrecognised event: expected {{'model_package_arn': ...}}, a '{MODEL_PACKAGE_EVENT}' or an "
+                       f"'{ENDPOINT_EVENT}' EventBridge event; got keys {sorted(event)}")
+
+
+def lambda_handler(event: dict, context: Any = None) -> dict[str, Any]:
+    """Entry point of the deploy Lambda. A refusal raises, so a LambdaStep fails with the message."""
+    settings = sagemaker_account.Settings.from_env(os.environ)
+    result = handle(event or {}, sagemaker_account.SageMakerAccount.from_boto3(settings))
+    print(json.dumps({k: v for k, v in result.items() if k != "outcomes"}))  # one summary line per invocation
+    return result
