@@ -7,8 +7,11 @@ reused, so the process's command line is checked), and `stop_background()` stops
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -23,6 +26,25 @@ from pipeline.local.endpoint.handler import LOG, serving_environment
 MODULE = "pipeline.local.endpoint"  # what the detached process runs, and what its command line is checked for
 ROOT = Path(__file__).resolve().parents[3]
 _DETACHED: dict[int, subprocess.Popen] = {}  # endpoints this process started: kept so that they are reaped quietly
+
+
+SO_ATTACH_REUSEPORT_CBPF = 51  # Linux: a classic BPF program choosing the socket of a SO_REUSEPORT group
+_SECOND_SOCKET = struct.pack("HBBI", 0x06, 0, 0, 1)  # BPF_RET | BPF_K 1: the socket that joined second
+
+
+def steer_new_connections(sock: socket.socket) -> bool:
+    """Send every new connection to the port to `sock`, the listener that joined the SO_REUSEPORT group last (the
+    group holds the old endpoint, then this one): the old one only finishes what it has accepted, so stopping it
+    resets nothing. Once it is gone the program's index is out of range and Linux picks by hash among the rest.
+    False where this is not Linux (connections queued at the old listener when it stops may then be reset)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    program = ctypes.create_string_buffer(_SECOND_SOCKET, len(_SECOND_SOCKET))
+    try:  # struct sock_fprog {unsigned short len; struct sock_filter *filter;}
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, struct.pack("HP", 1, ctypes.addressof(program)))
+    except OSError:
+        return False
+    return True
 
 
 def write_state(state_file: Path, state: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from pipeline.contract import MAX_PAYLOAD_BYTES
-from pipeline.local.endpoint.daemon import load_state, write_state
+from pipeline.local.endpoint.daemon import load_state, steer_new_connections, write_state
 from pipeline.local.endpoint.handler import JSON_TYPE, LOG, EndpointError, LoadedModel, serving_environment
 
 _DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body up to this size is read and dropped, beyond it unread
@@ -39,6 +39,10 @@ class _Server(ThreadingHTTPServer):
 
 class _SharedPortServer(_Server):
     allow_reuse_port = True  # SO_REUSEPORT: a new detached endpoint binds the port while the old one still serves
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        steer_new_connections(self.socket)  # ready (the model is loaded): new connections come here
 
 
 class _Handler(BaseHTTPRequestHandler):
