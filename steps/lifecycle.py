@@ -215,18 +215,21 @@ class Lifecycle:
             return [*outcomes, self._outcome(stage, name, "deferred", target.number,
                                              f"{stage} {name} is {endpoint.status} (to version {endpoint.version}): "
                                              f"version {target.number} follows when it is InService")]
-        if chosen is None and self._did_not_stick(stage, target, endpoint):
+        if chosen is None and not decision.rollback and self._did_not_stick(stage, target, endpoint):
             line = (f"{stage} {name}: version {target.number} was sent there after version {endpoint.version}, yet "
                     f"{endpoint.version} serves (rolled back or failed); not retried: promote or deploy it again")
             return [*outcomes, self._outcome(stage, name, "deploy-failed", target.number, line)]
         return [*outcomes, *self._deploy(stage, name, target, decision.reason)]
 
     def _did_not_stick(self, stage: str, target: Version, endpoint: Endpoint) -> bool:
+        """Whether `target` was sent to the stage after the version it serves was, yet that one serves (both sends
+        recorded: without a record nothing can be told)."""
         ours = target.metadata.get(deployed_key(stage))
         if not ours or endpoint.version is None or endpoint.status != "InService":
             return False
         served = self.account.version(endpoint.version)
-        return served is None or ours > served.metadata.get(deployed_key(stage), "")
+        theirs = served.metadata.get(deployed_key(stage)) if served else None
+        return bool(theirs) and ours > theirs
 
     def _deploy(self, stage: str, name: str, target: Version, reason: str) -> list[dict[str, Any]]:
         try:

@@ -133,10 +133,16 @@ class SageMakerAccount:
         return None
 
     def set_metadata(self, version: lifecycle.Version, values: dict[str, str]) -> None:
-        """Read, merge, write the whole map (moto would otherwise drop the keys not sent)."""
+        """Read, merge, write the whole map (moto would otherwise drop the keys not sent). The approval status is not
+        sent (a stale one could undo a rejection made meanwhile); moto drops it then, so it is restored if gone."""
         package = self.sm.describe_model_package(ModelPackageName=version.arn)
         merged = {**(package.get("CustomerMetadataProperties") or {}), **values}
         self.sm.update_model_package(ModelPackageArn=version.arn, CustomerMetadataProperties=merged)
+        status = package.get("ModelApprovalStatus")
+        if status and not self.sm.describe_model_package(ModelPackageName=version.arn).get("ModelApprovalStatus"):
+            kept = {"ApprovalDescription": package["ApprovalDescription"]} if package.get("ApprovalDescription") else {}
+            self.sm.update_model_package(ModelPackageArn=version.arn, ModelApprovalStatus=status,
+                                         CustomerMetadataProperties=merged, **kept)
 
     def endpoint(self, stage: str) -> lifecycle.Endpoint:
         name = self.settings.stage(stage).endpoint

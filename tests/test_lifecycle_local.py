@@ -198,9 +198,9 @@ def test_racing_approvals_end_as_a_serial_order(account):
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     racers = [approve(2), approve(3)]
-    results = [(p.wait(timeout=300), *p.communicate()) for p in racers]
-    for code, out, err in results:
-        assert code == 0 and "Traceback" not in err, err
+    for racer in racers:
+        _, err = racer.communicate(timeout=300)
+        assert racer.returncode == 0 and "Traceback" not in err, err
     statuses = {v.version: v.status for v in account.backend.registry.list(GROUP)}
     assert statuses == {1: "PendingManualApproval", 2: "Approved", 3: "Approved"}
     # Either order ends with version 3 on both endpoints (approve 2 then 3, or 3 then 2: 3 is newest and tested).
