@@ -7,9 +7,9 @@ import importlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from pipeline.config_base import INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
 from pipeline.config_deploy import Alerts, Deploy
@@ -176,13 +176,28 @@ class Registry(Section):
     approval_status: Literal[APPROVAL_STATUSES] = PENDING  # type: ignore[valid-type]
 
 
+# A pipeline parameter value as EventBridge passes it: a string (`Epochs: 3` in YAML is read as "3")
+ParameterValue = Annotated[str, BeforeValidator(lambda v: str(v) if type(v) in (int, float) else v)]
+
+
 class Triggers(Section):
     """EventBridge rules that `triggers apply` creates (the approval rule is always there)."""
 
     schedule: str | None = Field(default=None, pattern=r"^(cron|rate)\(.+\)$")
-    schedule_parameters: dict[str, str] = {}
+    schedule_parameters: dict[str, ParameterValue] = {}  # checked against the definition by `triggers apply`
     on_new_data: bool = False
+    new_data_marker: str = "_SUCCESS"  # the object written last in a data drop: one execution per drop
     events_role_arn: str | None = Field(default=None, pattern=ROLE_ARN)
+
+    @field_validator("new_data_marker")
+    @classmethod
+    def _marker(cls, v: str) -> str:
+        if not re.fullmatch(r"[_.][^/]{0,254}", v) or v in (".", ".."):
+            raise ValueError(
+                f"triggers.new_data_marker={v!r}: expected a file name (no /) starting with _ or . such as _SUCCESS, "
+                f"which the Tokenize step never reads as data"
+            )
+        return v
 
     @model_validator(mode="after")
     def _role(self) -> Triggers:

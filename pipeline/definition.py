@@ -297,6 +297,9 @@ def build_pipeline(cfg: Config) -> Pipeline:
         parameters=steps.parameters.declared(),
         steps=[tokenize, train, evaluate, accuracy_gate, approved_gate],
         sagemaker_session=steps.session,
+        # No SageMaker Experiment and trial per execution (the SDK's default in some regions): nothing here reads
+        # them, and the execution role is not allowed to create them.
+        pipeline_experiment_config=None,
     )
 
 

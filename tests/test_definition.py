@@ -6,6 +6,7 @@ Regenerate the golden file after an intended change of the DAG with:
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -121,6 +122,15 @@ def test_parameters(dag):
         "AccuracyThreshold": ("Float", 0.85),
         "ModelApprovalStatus": ("String", "PendingManualApproval"),
     }  # no EndpointName: the deploy Lambda's role may act on the configured endpoints only (issue 19 item 6)
+
+
+def test_no_experiment_or_trial_per_execution(dag):
+    """The SDK's default PipelineExperimentConfig (in us-east-1 and other regions) makes SageMaker create an
+    experiment and a trial per execution, which the execution role of infra/template.yaml may not do."""
+    from sagemaker.mlops.workflow.pipeline import Pipeline
+
+    assert inspect.signature(Pipeline).parameters["pipeline_experiment_config"].default is not None
+    assert dag["PipelineExperimentConfig"] is None
 
 
 def test_training_step_runs_torchrun_in_the_neuronx_container(steps):

@@ -8,15 +8,21 @@ event is then given to the deploy handler by hand. Schedule and pipeline targets
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import sys
 import zipfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from fixtures_ml import load_step
 
+from pipeline.cli import main
 from pipeline.code import step_module
 from pipeline.config import Triggers, load_config
+from pipeline.errors import ConfigError
 from pipeline.sagemaker import triggers
 from pipeline.sagemaker.aws import AwsError
 from pipeline.sagemaker.policies import policies
@@ -65,9 +71,9 @@ def aws(moto_session):
     return aws
 
 
-@pytest.fixture
-def lambda_deliveries(monkeypatch):
-    """Events moto would hand to a Lambda target (it cannot invoke one): recorded, other targets served."""
+def record_deliveries(monkeypatch, service: str) -> list[dict]:
+    """Events moto would hand to a target of `service` (it can invoke no Lambda function and start no pipeline):
+    recorded, other targets served."""
     from moto.events.models import Rule
 
     delivered: list[dict] = []
@@ -77,8 +83,8 @@ def lambda_deliveries(monkeypatch):
         if not self.event_pattern.matches_event(original_event):
             return
         targets = self.targets
-        delivered.extend(dict(original_event) for t in targets if ":lambda:" in t["Arn"])
-        self.targets = [t for t in targets if ":lambda:" not in t["Arn"]]
+        delivered.extend(dict(original_event) for t in targets if f":{service}:" in t["Arn"])
+        self.targets = [t for t in targets if f":{service}:" not in t["Arn"]]
         try:
             send(self, original_event, transform_input)
         finally:
@@ -86,6 +92,33 @@ def lambda_deliveries(monkeypatch):
 
     monkeypatch.setattr(Rule, "send_to_targets", send_to_targets)
     return delivered
+
+
+@pytest.fixture
+def lambda_deliveries(monkeypatch):
+    return record_deliveries(monkeypatch, "lambda")
+
+
+@pytest.fixture
+def pipeline_starts(monkeypatch):
+    return record_deliveries(monkeypatch, "sagemaker")
+
+
+def queue_on(aws, rule: str) -> str:
+    """The URL of an SQS queue added as a target of `rule`: moto delivers it what the rule's pattern matches."""
+    sqs = aws.client("sqs")
+    queue = sqs.create_queue(QueueName=f"{rule}-test")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    aws.client("events").put_targets(Rule=rule, Targets=[{"Id": "test-queue", "Arn": arn}])
+    return queue
+
+
+def received(aws, queue: str) -> list[dict]:
+    """The events waiting in `queue` (received ones stay invisible for the rest of the test)."""
+    sqs, bodies = aws.client("sqs"), []
+    while messages := sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10).get("Messages", []):
+        bodies += [json.loads(m["Body"]) for m in messages]
+    return bodies
 
 
 def rules(aws) -> list[str]:
@@ -149,11 +182,7 @@ def test_apply_twice_leaves_one_copy_of_each_rule_and_target(aws):
 def test_approval_rule_matches_approved_versions_of_our_group_only(aws, lambda_deliveries, monkeypatch):
     cfg = config()
     triggers.apply(cfg, aws)
-    rule = triggers.rule_names(cfg)["deploy-on-approval"]
-    sqs = aws.client("sqs")
-    queue = sqs.create_queue(QueueName="approvals")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    aws.client("events").put_targets(Rule=rule, Targets=[{"Id": "test-queue", "Arn": queue_arn}])
+    queue = queue_on(aws, triggers.rule_names(cfg)["deploy-on-approval"])
 
     group = cfg.pipeline.model_package_group
     sm = aws.sagemaker
@@ -175,8 +204,7 @@ def test_approval_rule_matches_approved_versions_of_our_group_only(aws, lambda_d
     ]
     assert aws.client("events").put_events(Entries=entries)["FailedEntryCount"] == 0
 
-    messages = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=0).get("Messages", [])
-    bodies = [json.loads(m["Body"]) for m in messages]
+    bodies = received(aws, queue)
     assert [(b["detail"]["ModelPackageGroupName"], b["detail"]["ModelApprovalStatus"]) for b in bodies] == [
         (group, "Approved")
     ]
@@ -235,7 +263,10 @@ def test_new_data_rule_watches_the_input_prefix(aws):
     assert pattern == {
         "source": ["aws.s3"],
         "detail-type": ["Object Created"],
-        "detail": {"bucket": {"name": [BUCKET]}, "object": {"key": [{"prefix": "reviews/"}]}},
+        "detail": {
+            "bucket": {"name": [BUCKET]},
+            "object": {"key": ["reviews/_SUCCESS", {"wildcard": "reviews/*/_SUCCESS"}]},
+        },
     }
     assert targets(aws, name)[0]["Arn"] == cfg.pipeline_arn
     # moto's GetBucketNotificationConfiguration leaves EventBridgeConfiguration out: read its backend.
@@ -244,6 +275,154 @@ def test_new_data_rule_watches_the_input_prefix(aws):
 
     notifications = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].buckets[BUCKET].notification_configuration
     assert notifications.event_bridge is not None
+
+
+def s3_object_created(key: str, bucket: str = BUCKET) -> dict:
+    """S3's "Object Created" event as EventBridge delivers it (the example of the S3 user guide, ev-events.html;
+    keys are not URL-encoded there, unlike S3's own notifications)."""
+    return {
+        "version": "0",
+        "id": "17793124-05d4-b198-2fde-7ededc63b103",
+        "detail-type": "Object Created",
+        "source": "aws.s3",
+        "account": "123456789012",
+        "time": "2021-11-12T00:00:00Z",
+        "region": REGION,
+        "resources": [f"arn:aws:s3:::{bucket}"],
+        "detail": {
+            "version": "0",
+            "bucket": {"name": bucket},
+            "object": {"key": key, "size": 5, "etag": "b1946ac92492d2347c6235b4d2611184",
+                       "version-id": "IYV3p45BT0ac8hjHg1houSdS1a.Mro8e", "sequencer": "617f08299329d189"},
+            "request-id": "N4N7GDK58NMKJ12R",
+            "requester": "123456789012",
+            "source-ip-address": "1.2.3.4",
+            "reason": "PutObject",
+        },
+    }
+
+
+def reviews_csv(rows: int, start: int = 0) -> bytes:
+    lines = ["label,title,content", *(f"{i % 2},title {i},review number {i}" for i in range(start, start + rows))]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_a_data_drop_starts_one_execution_and_tokenize_reads_its_shards_only(aws, pipeline_starts, tmp_path):
+    """S3 (moto) emits one "Object Created" per object to EventBridge; the rule passes only the drop's marker."""
+    cfg = with_triggers(config(), on_new_data=True, events_role_arn=EVENTS_ROLE)
+    triggers.apply(cfg, aws)
+    queue = queue_on(aws, triggers.rule_names(cfg)["on-new-data"])
+    s3 = aws.s3
+
+    def drop(folder: str, shards: int) -> None:
+        """Shards first (the test split as a multipart upload), the marker last."""
+        for i in range(shards):
+            s3.put_object(Bucket=BUCKET, Key=f"{folder}train-{i:05d}.csv", Body=reviews_csv(10, 10 * i))
+        upload = s3.create_multipart_upload(Bucket=BUCKET, Key=f"{folder}test-00000.csv")["UploadId"]
+        part = s3.upload_part(Bucket=BUCKET, Key=f"{folder}test-00000.csv", UploadId=upload, PartNumber=1,
+                              Body=reviews_csv(4))
+        s3.complete_multipart_upload(Bucket=BUCKET, Key=f"{folder}test-00000.csv", UploadId=upload,
+                                     MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})
+        s3.put_object(Bucket=BUCKET, Key=f"{folder}_SUCCESS", Body=b"")
+
+    drop("reviews/", 12)
+    first = received(aws, queue)
+    assert [(e["source"], e["detail-type"], e["detail"]["object"]["key"]) for e in first] == [
+        ("aws.s3", "Object Created", "reviews/_SUCCESS")
+    ]
+    drop("reviews/2026-07/", 3)  # a drop in a folder of its own under the prefix
+    for key in ("other/_SUCCESS", "reviews/not_SUCCESS", "reviews/_SUCCESS.tmp", "reviews/2026-07/more.csv"):
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b"")
+    assert [e["detail"]["object"]["key"] for e in received(aws, queue)] == ["reviews/2026-07/_SUCCESS"]
+    assert [e["detail"]["object"]["key"] for e in pipeline_starts] == ["reviews/_SUCCESS", "reviews/2026-07/_SUCCESS"]
+
+    # SageMaker stages the prefix into the Tokenize job as is, markers included: the reader skips them.
+    staged = tmp_path / "data"
+    for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="reviews/")["Contents"]:
+        (staged / o["Key"].removeprefix("reviews/")).parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file(BUCKET, o["Key"], str(staged / o["Key"].removeprefix("reviews/")))
+    readers = load_step("readers", "readers")
+    files = readers.find_files(staged)
+    assert all("_SUCCESS" not in p.name for split in files.values() for p in split)
+    chunks = readers.source_chunks(argparse.Namespace(source=cfg.data.source, input_dir=str(staged), seed=0))
+    rows = {split: sum(len(t) for t, _ in parts if t is not None) for split, parts in chunks.items()}
+    assert rows == {"train": 150, "test": 8}
+
+
+@pytest.mark.parametrize(
+    ("source", "matching", "other"),
+    [
+        ("s3://test-data-bucket/reviews/", ["reviews/_SUCCESS", "reviews/2026/07/_SUCCESS"],
+         ["reviews/train.csv", "reviews/x_SUCCESS", "reviews/_SUCCESS.tmp", "other/_SUCCESS", "reviewsX/_SUCCESS"]),
+        ("s3://test-data-bucket/reviews", ["reviews/_SUCCESS", "reviews-2026/a/_SUCCESS"],
+         ["reviews_SUCCESS", "other/_SUCCESS", "reviews/train.csv"]),
+        ("s3://test-data-bucket", ["_SUCCESS", "a/b/_SUCCESS"], ["x_SUCCESS", "a/train.csv"]),
+        ("s3://test-data-bucket/we*rd\\/", ["we*rd\\/_SUCCESS", "we*rd\\/a/_SUCCESS"], ["weXrd\\/_SUCCESS"]),
+    ],
+)
+def test_new_data_pattern_matches_the_marker_under_the_prefix_only(source, matching, other):
+    from moto.events.models import EventPattern
+
+    pattern = EventPattern.load(json.dumps(triggers.new_data_pattern(config(**{"data.source": source}))))
+    assert [k for k in matching + other if pattern.matches_event(s3_object_created(k))] == matching
+    assert not pattern.matches_event(s3_object_created(matching[0], bucket="another-bucket"))
+
+
+def test_the_marker_is_configurable_and_never_a_data_file(aws, pipeline_starts):
+    cfg = with_triggers(config(), on_new_data=True, new_data_marker=".ready", events_role_arn=EVENTS_ROLE)
+    triggers.apply(cfg, aws)
+    queue = queue_on(aws, triggers.rule_names(cfg)["on-new-data"])
+    entries = [s3_object_created(k) for k in ("reviews/_SUCCESS", "reviews/a.csv", "reviews/.ready")]
+    events = [{"Source": e["source"], "DetailType": e["detail-type"], "Detail": json.dumps(e["detail"]),
+               "Resources": e["resources"]} for e in entries]
+    assert aws.client("events").put_events(Entries=events)["FailedEntryCount"] == 0
+    assert [e["detail"]["object"]["key"] for e in received(aws, queue)] == ["reviews/.ready"]
+    assert len(pipeline_starts) == 1
+    for marker in ("READY", "train.csv", "a/_SUCCESS", "..", ""):
+        with pytest.raises(ConfigError, match="triggers.new_data_marker"):
+            config(**{"triggers.new_data_marker": marker or "''"})
+
+
+def apply_command(capsys, parameters: str, *options: str) -> tuple[int, str, str]:
+    """`trainium-pipeline triggers apply` with a schedule and these schedule_parameters (YAML), in-process:
+    (exit code, stdout, stderr)."""
+    sets = {"data.source": f"s3://{BUCKET}/reviews/", "triggers.schedule": "rate(7 days)",
+            "triggers.events_role_arn": EVENTS_ROLE, "triggers.schedule_parameters": parameters}
+    argv = ["trainium-pipeline", "--config", str(ROOT / "pipeline.yaml")]
+    argv += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")] + ["triggers", "apply", *options]
+    with mock.patch.object(sys, "argv", argv), pytest.raises(SystemExit) as exit_:
+        main()
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+@pytest.mark.parametrize(
+    ("parameters", "error"),
+    [
+        ("{Epoch: '3'}", "triggers.schedule_parameters.Epoch: unknown parameter; expected one of AccuracyThreshold, "),
+        ("{LearningRate: fast}", "triggers.schedule_parameters.LearningRate='fast': expected a Float"),
+        ("{InputData: amazon_polarity}", "triggers.schedule_parameters.InputData='amazon_polarity': this pipeline "
+                                          "was built for an s3:// data.source and stages InputData from S3"),
+    ],
+)
+def test_apply_refuses_bad_schedule_parameters_before_creating_anything(aws, capsys, parameters, error):
+    options = ("--print-only",) if "InputData" in parameters else ()  # the check precedes printing, too
+    code, out, err = apply_command(capsys, parameters, *options)
+    assert code == 2 and out == ""
+    assert err.startswith(f"config error: {error}") and len(err.strip().splitlines()) == 1, err
+    assert rules(aws) == []
+
+
+def test_apply_passes_checked_schedule_parameters(aws, capsys):
+    code, out, err = apply_command(capsys, "{Epochs: 3, LearningRate: 2.0e-05, InputData: 's3://b/2026/'}")
+    assert code == 0, err
+    assert "created  trainium-bert-schedule" in out
+    (target,) = targets(aws, "trainium-bert-schedule")
+    assert target["SageMakerPipelineParameters"]["PipelineParameterList"] == [
+        {"Name": "Epochs", "Value": "3"},
+        {"Name": "InputData", "Value": "s3://b/2026/"},
+        {"Name": "LearningRate", "Value": "2e-05"},
+    ]
 
 
 def test_delete_removes_exactly_what_apply_made(aws):

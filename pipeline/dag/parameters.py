@@ -44,7 +44,7 @@ def s3_inputs(definition: dict) -> set[str]:
     return found
 
 
-def check_data_source(definition: dict, values: Mapping[str, Any]) -> None:
+def check_data_source(definition: dict, values: Mapping[str, Any], option: str = "--param ") -> None:
     """InputData can switch between forms only within what the definition was built for: an s3:// source is staged
     by a ProcessingInput, which exists only if data.source was an s3:// URI when the definition was built."""
     value = values.get(INPUT_DATA)
@@ -53,33 +53,34 @@ def check_data_source(definition: dict, values: Mapping[str, Any]) -> None:
     staged = INPUT_DATA in s3_inputs(definition)
     if staged and not value.startswith("s3://"):
         raise ParameterError(
-            f"--param {INPUT_DATA}={value!r}: this pipeline was built for an s3:// data.source and stages "
+            f"{option}{INPUT_DATA}={value!r}: this pipeline was built for an s3:// data.source and stages "
             f"{INPUT_DATA} from S3; pass an s3:// URI, or set data.source={value} and upsert again"
         )
     if value.startswith("s3://") and not staged:
         raise ParameterError(
-            f"--param {INPUT_DATA}={value!r}: this pipeline was built for a Hub or sample data.source, so its "
+            f"{option}{INPUT_DATA}={value!r}: this pipeline was built for a Hub or sample data.source, so its "
             f"Tokenize step has no S3 input to stage the data; set data.source={value} and upsert again"
         )
 
 
-def resolve(definition: dict, overrides: Mapping[str, str]) -> dict[str, Any]:
-    """Every declared parameter's value: its default, or its override cast to the declared type."""
+def resolve(definition: dict, overrides: Mapping[str, str], option: str = "--param ") -> dict[str, Any]:
+    """Every declared parameter's value: its default, or its override cast to the declared type. `option` names
+    where the overrides come from in errors (`--param NAME`, or a config key like `triggers.schedule_parameters.`)."""
     declared = definition.get("Parameters", [])
     types = {p["Name"]: p.get("Type", "String") for p in declared}
     unknown = sorted(set(overrides) - set(types))
     if unknown:
-        raise ParameterError(f"--param {unknown[0]}: unknown parameter; expected one of {', '.join(sorted(types))}")
+        raise ParameterError(f"{option}{unknown[0]}: unknown parameter; expected one of {', '.join(sorted(types))}")
     values = {p["Name"]: p.get("DefaultValue") for p in declared}
     for name, raw in overrides.items():
         try:
             values[name] = CASTS[types[name]](raw)
         except (ValueError, KeyError):
-            raise ParameterError(f"--param {name}={raw!r}: expected a {types[name]}") from None
+            raise ParameterError(f"{option}{name}={raw!r}: expected a {types[name]}") from None
     missing = [name for name, value in values.items() if value is None]
     if missing:
         raise ParameterError(f"parameter {missing[0]} has no default; pass --param {missing[0]}=VALUE")
-    check_data_source(definition, values)
+    check_data_source(definition, values, option)
     return values
 
 

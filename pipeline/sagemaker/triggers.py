@@ -16,6 +16,8 @@ from botocore.exceptions import ClientError
 
 from pipeline.config import Config
 from pipeline.contract import APPROVED, MODEL_PACKAGE_EVENT
+from pipeline.dag.parameters import ParameterError, resolve
+from pipeline.errors import ConfigError
 from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
 from pipeline.sagemaker.lifecycle_rules import DEPLOY_TARGET_ID, LIFECYCLE_KINDS, lifecycle_rules
 
@@ -50,15 +52,27 @@ def approval_pattern(cfg: Config) -> dict:
 
 
 def new_data_pattern(cfg: Config) -> dict:
+    """S3's "Object Created" of the drop marker under data.source, not of every shard: one execution per drop."""
     if not cfg.data.is_s3:
         raise ValueError(f"data.source={cfg.data.source!r}: on-new-data triggers need an s3:// data source")
     bucket, prefix = split_s3_uri(cfg.data.source)
-    key: list[Any] = [{"prefix": prefix}] if prefix else [{"exists": True}]
     return {
         "source": ["aws.s3"],
         "detail-type": ["Object Created"],
-        "detail": {"bucket": {"name": [bucket]}, "object": {"key": key}},
+        "detail": {"bucket": {"name": [bucket]}, "object": {"key": marker_keys(prefix, cfg.triggers.new_data_marker)}},
     }
+
+
+def marker_keys(prefix: str, marker: str) -> list[Any]:
+    """EventBridge matchers of the keys named `marker` under `prefix` (an S3 prefix, as SageMaker stages it), at
+    any depth: `<prefix><marker>` and the wildcard `<prefix>*/<marker>`."""
+    nested = {"wildcard": f"{_literal(prefix)}*/{_literal(marker)}"}
+    return [prefix + marker, nested] if prefix.endswith("/") or not prefix else [nested]
+
+
+def _literal(text: str) -> str:
+    """`text` as a literal inside an EventBridge wildcard: its `\\` and `*` escaped."""
+    return text.replace("\\", "\\\\").replace("*", "\\*")
 
 
 def _pipeline_target(cfg: Config, arn: str) -> dict:
@@ -75,6 +89,19 @@ def _pipeline_target(cfg: Config, arn: str) -> dict:
             ]
         },
     }
+
+
+def check_parameters(cfg: Config) -> None:
+    """triggers.schedule_parameters checked as `start` checks --param (declared names, types, the InputData form),
+    against the definition of this config: EventBridge would only fail to start the execution, silently."""
+    if not cfg.triggers.schedule_parameters:
+        return
+    from pipeline.definition import definition
+
+    try:
+        resolve(json.loads(definition(cfg)), cfg.triggers.schedule_parameters, "triggers.schedule_parameters.")
+    except ParameterError as e:
+        raise ConfigError(str(e)) from None
 
 
 def plan(cfg: Config, pipeline: str | None = None) -> list[dict]:
@@ -104,7 +131,8 @@ def plan(cfg: Config, pipeline: str | None = None) -> list[dict]:
         rules.append(
             {
                 "Name": names["on-new-data"],
-                "Description": f"Start pipeline {cfg.pipeline.name} when data lands under {cfg.data.source}",
+                "Description": f"Start pipeline {cfg.pipeline.name} once per data drop: when an object "
+                f"{settings.new_data_marker} is created under {cfg.data.source}",
                 "EventPattern": new_data_pattern(cfg),
                 "Targets": [_pipeline_target(cfg, arn)],
             }
@@ -194,10 +222,12 @@ def _enable_s3_eventbridge(aws: Aws, bucket: str) -> bool:
 def apply(cfg: Config, aws: Aws | None, print_only: bool = False) -> list[dict]:
     """Create or update the rules of cfg.triggers and their targets; remove rules whose option is off.
 
-    Returns one entry per rule: {"name", "action": "created"|"updated"|"unchanged"|"deleted"|"planned",
-    "rule": the planned rule}. With print_only nothing is called (aws may be None).
+    triggers.schedule_parameters are checked first (ConfigError: nothing is created). Returns one entry per rule:
+    {"name", "action": "created"|"updated"|"unchanged"|"deleted"|"planned", "rule": the planned rule}. With
+    print_only nothing is called (aws may be None).
     """
     settings = cfg.triggers
+    check_parameters(cfg)
     if print_only:
         return [{"name": r["Name"], "action": "planned", "rule": r} for r in plan(cfg)]
     assert aws is not None
