@@ -48,6 +48,7 @@ CHECKPOINT_DIR = "/opt/ml/checkpoints"
 EVALUATION_OUTPUT = "evaluation"
 REPORT_FILE = "evaluation.json"
 PROPERTY_FILE = "EvaluationReport"
+SAMPLE_FILE = "endpoint_sample.jsonl"  # beside the report: labelled test rows as text, for the endpoint test
 ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
 QUANTIZE_PATH = "inference.quantize"
 

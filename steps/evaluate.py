@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import endpoint_sample
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -262,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = load_model(folder, str(where))
         handler = serving_handler(folder)
         margins = read_predictions(folder, labels)
+        decode = endpoint_sample.decoder(folder)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     source = "train step" if margins is not None else "this step (cpu)"
     if margins is None:
@@ -292,6 +294,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    endpoint_sample.write(out, decode, rows["input_ids"].to_pylist(), labels[sample], margins[sample] > 0)
     checked, chosen = result["check"], result["inference"]
     print(
         f"evaluated {len(labels)} rows (predictions: {source}) in {result['seconds']:.1f} s: "

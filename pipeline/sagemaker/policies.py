@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pipeline.config import Config
+from pipeline.contract import EVALUATION_OUTPUT, SAMPLE_FILE
 
-SAMPLE_FILE = "endpoint_sample.jsonl"  # steps/endpoint_check.py: the labelled rows next to evaluation.json
 AUTOSCALING_SLR = ("role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
                    "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
 
@@ -28,6 +28,7 @@ def policies(cfg: Config) -> dict[str, dict]:
     staging = cfg.deploy.staging_endpoint_name.lower()
     function = cfg.deploy.lambda_function_name
     configs = [f"{sm}:endpoint-config/{endpoint[:40]}*", f"{sm}:endpoint-config/{staging[:40]}*"]
+    sample = f"executions/*/{EVALUATION_OUTPUT}/{SAMPLE_FILE}"  # what Evaluate writes for the endpoint test
     deploy_role = {
         "Version": "2012-10-17",
         "Statement": [
@@ -71,7 +72,7 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Sid": "ReadTestSample",
                 "Effect": "Allow",
                 "Action": ["s3:GetObject"],
-                "Resource": [f"arn:aws:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/executions/*/evaluation/{SAMPLE_FILE}"],
+                "Resource": [f"arn:aws:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{sample}"],
             },
             {  # what Application Auto Scaling checks that its caller may do to the variant (beside Describe*)
                 "Sid": "ScaledEndpoint",
