@@ -65,7 +65,7 @@ class LocalBackend:
         stored = self.layout.pipeline_definition(self.pipeline)
         report = Upserted(action="updated" if stored.exists() else "created",
                           pipeline_arn=f"{LOCAL_ARN}:pipeline/{self.pipeline.lower()}",
-                          deploy_function="local (steps/deploy.py's local counterpart)")
+                          deploy_function="local (steps/deploy.py on the local account)")
         for bundle in bundles().values():
             for uri, data in bundle.uploads(self.cfg.s3_root).items():
                 if self.s3.path(uri).exists():
