@@ -86,7 +86,6 @@ class StageView:
 class Approval:
     version: VersionView
     changes: Changes = field(default_factory=Changes)  # what the lifecycle did (staging deploy, test, rollback)
-    hint: str = ""
 
 
 @dataclass

@@ -186,5 +186,5 @@ def last_test(values: dict[str, str]) -> str:
         return "-"
     if test.get("result") == "pass":
         return (f"pass: accuracy {test.get('accuracy', '?')} (evaluation {test.get('reference_accuracy', '?')}), "
-                f"p95 {test.get('p95_ms', '?')} ms, {test.get('at', '')}")
-    return f"fail: {test.get('reason', 'no reason recorded')}, {test.get('at', '')}"
+                f"p95 {test.get('p95_ms', '?')} ms")
+    return f"fail: {test.get('reason', 'no reason recorded')}"

@@ -16,8 +16,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from fixtures_lifecycle import toy_version
+from test_local_e2e import cli
 
-from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.local.backend import LocalBackend
 
@@ -46,17 +46,8 @@ class Account:
 
     def cli(self, capsys, *args: str, sets: tuple[str, ...] = ()) -> tuple[int, str, str]:
         flags = [arg for s in [*self.sets, *sets] for arg in ("--set", s)]
-        argv, sys.argv = sys.argv, ["trainium-pipeline", "--config", str(ROOT / "pipeline.yaml"), *flags, *args,
-                                    "--local", "--root", str(self.root)]
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 0
-        finally:
-            sys.argv = argv
-        out, err = capsys.readouterr()
-        return code, out, err
+        code, out = cli(capsys, *flags, *args, "--local", "--root", str(self.root), split=True)
+        return code, *out
 
     def serving(self, stage: str) -> int | None:
         return self.backend.services.endpoint(stage).version
@@ -118,7 +109,7 @@ def test_approve_test_promote_reject_roll_back(account, capsys):
     assert (production.endpoint, production.version, production.instances) == (PRODUCTION, 1, "1")
     assert staging.test.startswith("fail: 40 of 40 requests got an error answer")
     assert production.test.startswith("pass: accuracy 1.0 (evaluation 0.95), p95 ")
-    assert production.scaling == "none locally: one process per endpoint" and production.where.startswith("http")
+    assert production.scaling == "none (local)" and production.where.startswith("http")
 
     # A good third version goes through; rejecting it rolls both stages back to the newest other passed version.
     assert account.register() == 3

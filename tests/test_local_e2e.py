@@ -14,6 +14,7 @@ import sys
 import tarfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pyarrow.parquet as pq
@@ -56,7 +57,8 @@ def setup(tmp_path_factory):
     account.stop_endpoint()
 
 
-def cli(capsys, *args: str) -> tuple[int, str]:
+def cli(capsys, *args: str, split: bool = False) -> tuple[int, Any]:
+    """Run the CLI in-process with the shipped config: (exit code, stdout + stderr, or (stdout, stderr) if split)."""
     argv, sys.argv = sys.argv, ["trainium-pipeline", "--config", str(ROOT / "pipeline.yaml"), *args]
     try:
         main()
@@ -66,7 +68,7 @@ def cli(capsys, *args: str) -> tuple[int, str]:
     finally:
         sys.argv = argv
     out, err = capsys.readouterr()
-    return code, out + err
+    return code, (out, err) if split else out + err
 
 
 def test_run_local_registers_deploys_and_serves(setup, capsys):

@@ -21,7 +21,7 @@ from pipeline.local.storage import Layout
 
 lifecycle = step_module("lifecycle")
 endpoint_check = step_module("endpoint_check")
-NO_SCALING = "none locally: one process per endpoint"
+NO_SCALING = "none (local)"
 
 
 def endpoint_url(state: dict) -> str:

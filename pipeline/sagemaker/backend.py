@@ -7,7 +7,7 @@ import io
 import json
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline import contract
 from pipeline.code import step_module
@@ -112,7 +112,7 @@ class SageMakerBackend:
         return registry.describe(self.aws, self.group, version)
 
     @cached_property
-    def account(self):  # noqa: ANN201 - steps/sagemaker_account.py's SageMakerAccount
+    def account(self) -> Any:  # steps/sagemaker_account.py's SageMakerAccount
         """The lifecycle's account with the deploy Lambda's settings (from the config) and this CLI's credentials."""
         account = step_module("sagemaker_account")
         return account.SageMakerAccount.from_boto3(account.Settings.from_env(lambda_environment(self.cfg)),
