@@ -283,10 +283,16 @@ class Lifecycle:
             outcomes += self.promote(tested, automatic=True)
         return outcomes
 
-    def promote(self, version: Version | None, automatic: bool = False) -> list[dict[str, Any]]:
-        """Send `version` to production; Refused unless it is Approved and passed its staging test."""
-        if version is None:
-            raise Refused("no such model version")
+    def _version(self, version: Version | int) -> Version:
+        found = self.account.version(version) if isinstance(version, int) else version
+        if found is None:
+            raise Refused(f"model version {version} does not exist")
+        return found
+
+    def promote(self, version: Version | int, automatic: bool = False) -> list[dict[str, Any]]:
+        """Send a version (or version number) to production; Refused unless it is Approved and passed its staging
+        test."""
+        version = self._version(version)
         if version.status != APPROVED:
             raise Refused(f"version {version.number} is {version.status}, not Approved: approve it first")
         if version.test != PASS:
@@ -302,11 +308,11 @@ class Lifecycle:
                               f"production {name}: version {version.number} promoted {how}"),
                 *self.reconcile(PRODUCTION, promoted)]
 
-    def deploy(self, version: Version | None, stage: str = STAGING) -> list[dict[str, Any]]:
-        """Send an Approved version to a stage by hand (staging: then tested, as after an approval)."""
-        if version is None or version.status != APPROVED:
-            status = version.status if version else "missing"
-            raise Refused(f"version {version.number if version else '?'} is {status}, not Approved: approve it first")
+    def deploy(self, version: Version | int, stage: str = STAGING) -> list[dict[str, Any]]:
+        """Send an Approved version (or version number) to a stage by hand (staging: tested again there)."""
+        version = self._version(version)
+        if version.status != APPROVED:
+            raise Refused(f"version {version.number} is {version.status}, not Approved: approve it first")
         if stage == PRODUCTION:
             return self.promote(version)
         return self.reconcile(STAGING, Version(version.number, version.status,

@@ -201,3 +201,10 @@ def test_racing_approvals_end_as_a_serial_order(account):
         boto3.client("sagemaker-runtime", endpoint_url=account.backend.services.endpoint("staging").where,
                      region_name="us-east-1").invoke_endpoint(EndpointName="nope", Body=b"{}",
                                                               ContentType="application/json")
+
+
+def test_the_endpoint_name_is_no_parameter(tmp_path, capsys):
+    """Issue 19 item 6: the deploy Lambda's role is scoped to the configured endpoints; no run may name another."""
+    code, (_, err) = cli(capsys, "run", "--local", "--root", str(tmp_path), "-p", "EndpointName=other", split=True)
+    assert code == 1 and "--param EndpointName: unknown parameter" in err and "Traceback" not in err
+    assert not list(tmp_path.rglob("execution.json"))

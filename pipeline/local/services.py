@@ -115,14 +115,11 @@ class LocalServices:
         return changed[0], outcomes
 
     def promote(self, number: int) -> list[dict[str, Any]]:
-        return self._run(lambda life: life.promote(self.account.version(number)))
+        return self._run(lambda life: life.promote(number))
 
     def deploy(self, number: int) -> list[dict[str, Any]]:
         """`deploy N`: to staging, tested there (then promoted if deploy.auto_promote)."""
-        version = self.account.version(number)
-        if version is None:
-            raise DeployRefused(f"model version {number} does not exist (see: trainium-pipeline models list --local)")
-        return self._run(lambda life: life.deploy(version))
+        return self._run(lambda life: life.deploy(number))
 
     def endpoint(self, stage: str) -> Any:
         return self.account.endpoint(stage)

@@ -139,11 +139,11 @@ class SageMakerBackend:
 
     def deploy(self, version: int) -> Changes:
         return changes(self._lifecycle(f"deploy version {version} to staging",
-                                       lambda life: life.deploy(self.account.version(version))))
+                                       lambda life: life.deploy(version)))
 
     def promote(self, version: int) -> Changes:
         return changes(self._lifecycle(f"promote version {version}",
-                                       lambda life: life.promote(self.account.version(version))))
+                                       lambda life: life.promote(version)))
 
     def endpoints(self) -> list[StageView]:
         lifecycle, check = step_module("lifecycle"), step_module("endpoint_check")
