@@ -190,10 +190,10 @@ class Lifecycle:
             self.account.alert(line, outcome)
         return outcome
 
-    def reconcile(self, stage: str, chosen: Version | None = None) -> list[dict[str, Any]]:
-        """Bring `stage` to its decided version (or to `chosen`, asked for by hand: no did-not-stick check)."""
+    def reconcile(self, stage: str, chosen: Version | None = None, why: str = "asked for by hand") -> list[dict]:
+        """Bring `stage` to its decided version (or to `chosen`, for the reason `why`: no did-not-stick check)."""
         endpoint = self.account.endpoint(stage)
-        decision = Decision(chosen, f"version {chosen.number} asked for") if chosen else (
+        decision = Decision(chosen, f"version {chosen.number} {why}") if chosen else (
             staging_decision if stage == STAGING else production_decision)(self.account.approved(), endpoint)
         target, name = decision.version, endpoint.name
         if target is None:
@@ -306,7 +306,7 @@ class Lifecycle:
         promoted = Version(version.number, version.status, {**version.metadata, PROMOTED: promoted_at}, version.arn)
         return [self._outcome(PRODUCTION, name, "promotion", version.number,
                               f"production {name}: version {version.number} promoted {how}"),
-                *self.reconcile(PRODUCTION, promoted)]
+                *self.reconcile(PRODUCTION, promoted, "was promoted")]
 
     def deploy(self, version: Version | int, stage: str = STAGING) -> list[dict[str, Any]]:
         """Send an Approved version (or version number) to a stage by hand (staging: tested again there)."""
