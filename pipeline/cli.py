@@ -16,8 +16,9 @@ from pipeline.config import ConfigError
 from pipeline.contract import APPROVED, REJECTED
 from pipeline.dag.parameters import parse_pairs
 from pipeline.errors import UserError
+from pipeline.executing import FROM, POLL, STEPS, WAIT, begin, retry, selection, summarize
 from pipeline.lifecycle_commands import endpoints, print_changes, promote
-from pipeline.records import ExecutionView, VersionView
+from pipeline.records import VersionView
 from pipeline.terminal import LOCAL, ROOT, Options, console, errors
 
 app = typer.Typer(
@@ -31,6 +32,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(triggers_app, name="triggers")
 app.command()(compare)
 app.command()(bootstrap)
+app.command()(retry)
 app.command()(promote)
 app.command()(endpoints)
 
@@ -71,36 +73,20 @@ def upsert(ctx: typer.Context, local: LOCAL = False, root: ROOT = None) -> None:
     views.print_upsert(target.upsert(), target.cfg.deploy.lambda_function_name, console)
 
 
-def _start(
-    target: Backend, parameters: dict[str, str], wait: bool, poll: float, use_cache: bool = True
-) -> ExecutionView:
-    """Start an execution; say its ARN first, then (with `wait`) follow it live to its end."""
-    started: list[str] = []
-
-    def announce(view) -> None:
-        if not started:
-            started.append(view.arn)
-            console.print(f"started {view.arn}")
-
-    with views.live(console, views.execution_table, enabled=wait) as update:
-        view = target.start(
-            parameters, wait=wait, use_cache=use_cache, on_update=lambda v: (announce(v), update(v)), poll=poll
-        )
-    announce(view)
-    return view
-
-
 @app.command()
 def start(
     ctx: typer.Context,
     param: PARAMS = None,
-    wait: Annotated[bool, typer.Option(help="Show live step statuses until the execution ends.")] = False,
-    poll: Annotated[float, typer.Option(help="Seconds between status polls with --wait.")] = 30.0,
+    wait: WAIT = False,
+    poll: POLL = 30.0,
     local: LOCAL = False,
     root: ROOT = None,
+    steps: STEPS = None,
+    from_: FROM = None,
 ) -> None:
-    """Start an execution of the upserted pipeline (locally: run it to its end)."""
-    view = _start(ctx.obj.backend(local, root), parse_pairs(param or []), wait, poll)
+    """Start an execution of the upserted pipeline, or of --steps of it (locally: run it to its end)."""
+    target, parameters = ctx.obj.backend(local, root), parse_pairs(param or [])
+    view = begin(target, selection(target, steps, from_, parameters), from_, parameters, wait, poll)
     if wait and view.status != "Succeeded":
         errors.print(f"execution {view.status.lower()}: {view.failure_reason}", markup=False)
         raise typer.Exit(1)
@@ -113,15 +99,15 @@ def run(
     param: PARAMS = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every step, reusing nothing (local).")] = False,
     root: ROOT = None,
+    steps: STEPS = None,
+    from_: FROM = None,
 ) -> None:
-    """The whole pipeline: upsert, start, follow it live, then the summary (accuracy, version, endpoint)."""
+    """The whole pipeline (or --steps of it): upsert, start, follow it live, then the summary."""
     target, parameters = ctx.obj.backend(local, root), parse_pairs(param or [])
-    target.check(parameters)  # a bad --param changes nothing, not even the upserted pipeline
+    target.check(parameters)  # a bad --param (or --steps) changes nothing, not even the upserted pipeline
+    names = selection(target, steps, from_, parameters)
     views.print_upsert(target.upsert(), target.cfg.deploy.lambda_function_name, console)
-    view = _start(target, parameters, wait=True, poll=30.0, use_cache=not no_cache)
-    views.print_summary(target.summary(view), console)
-    if view.status != "Succeeded":
-        raise typer.Exit(1)
+    summarize(target, begin(target, names, from_, parameters, wait=True, poll=30.0, use_cache=not no_cache))
 
 
 @app.command()

@@ -21,6 +21,8 @@ class StepView:
     seconds: float | None = None
     note: str = ""  # failure reason, "cache hit", condition outcome
     details: dict = field(default_factory=dict)  # SageMaker's step Metadata, or the local step's properties
+    attempts: int = 0  # the step's current attempt (0: it did not run in this execution)
+    reused_from: str = ""  # a selective execution took this step's outputs from that execution
 
 
 @dataclass
@@ -35,6 +37,9 @@ class ExecutionView:
     parameters: dict[str, str] = field(default_factory=dict)
     failure_reason: str = ""
     display_name: str = ""
+    selective_from: str = ""  # a selective execution: the execution its unselected steps' outputs come from
+    selected_steps: list[str] = field(default_factory=list)
+    retries: int = 0  # times it was retried, where known (locally); on SageMaker see the steps' attempts
 
 
 @dataclass

@@ -19,11 +19,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline.prices import PRICING_URL
-from pipeline.records import Changes, ExecutionView, OnUpdate, RunSummary, StageView, Upserted, VersionView
+from pipeline.records import ExecutionView, OnUpdate, RunSummary, StepView, Upserted, VersionView
 
 if TYPE_CHECKING:
     from pipeline.compare.report import Report
     from pipeline.cost import ExecutionCost
+    from pipeline.dag.selection import Selection
 
 STATUS_STYLE = {
     "Succeeded": "green",
@@ -73,16 +74,36 @@ def money(value: float | None, currency: str = "USD") -> str:
 # executions
 
 
+def lineage(view: ExecutionView) -> str:
+    """How an execution came about, when not as a plain start: selective (from which execution, which steps),
+    retried (how often, where known; on SageMaker a step's attempt count says so)."""
+    parts = []
+    if view.selected_steps:
+        origin = f" from {view.selective_from}" if view.selective_from else ""
+        parts.append(f"selective{origin}: {', '.join(view.selected_steps)}")
+    if view.retries:
+        parts.append(f"retried {view.retries}x")
+    elif any(s.attempts > 1 for s in view.steps or []):
+        parts.append("retried")
+    return "; ".join(parts)
+
+
+def step_note(step: StepView) -> str:
+    return f"reused from {step.reused_from}" if step.reused_from else step.note
+
+
 def execution_table(view: ExecutionView) -> Table:
     """The steps of one execution."""
     rows = [
-        [escape(s.name), s.type, styled(s.status), s.started, duration(s.seconds) if s.started else "", escape(s.note)]
+        [escape(s.name), s.type, styled(s.status), s.started, duration(s.seconds) if s.started else "",
+         str(s.attempts) if s.attempts else "", escape(step_note(s))]
         for s in view.steps or []
     ]
     if view.steps is None:
-        rows = [["(steps not available from this endpoint)", "", styled(view.status), view.started, "", ""]]
-    return table(f"{view.pipeline} {view.id}  {styled(view.status)}",
-                 ["step", "type", "status", "started", "duration", "note"], rows)
+        rows = [["(steps not available from this endpoint)", "", styled(view.status), view.started, "", "", ""]]
+    how = lineage(view)
+    return table(f"{view.pipeline} {view.id}  {styled(view.status)}" + (f"  ({escape(how)})" if how else ""),
+                 ["step", "type", "status", "started", "duration", "attempt", "note"], rows)
 
 
 def parameters_table(view: ExecutionView) -> Table:
@@ -90,8 +111,19 @@ def parameters_table(view: ExecutionView) -> Table:
 
 
 def executions_table(views: list[ExecutionView], pipeline: str) -> Table:
-    rows = [[v.id, styled(v.status), v.started, v.ended, v.display_name] for v in views]
-    return table(f"executions of {pipeline}", ["execution", "status", "started", "ended", "name"], rows)
+    rows = [[v.id, styled(v.status), v.started, v.ended, v.display_name, escape(lineage(v))] for v in views]
+    return table(f"executions of {pipeline}", ["execution", "status", "started", "ended", "name", "how"], rows)
+
+
+def selection_lines(selection: Selection) -> list[str]:
+    """What a selective run will do, said before it starts."""
+    source = selection.source.id if selection.source else ""
+    lines = [f"selected: {', '.join(selection.steps)}"]
+    if selection.reused:
+        lines.append(f"outputs of {source}: {', '.join(selection.reused)}")
+    if selection.not_run:
+        lines.append(f"not selected, so not run: {', '.join(selection.not_run)}")
+    return lines
 
 
 def print_status(view: ExecutionView, console: Console) -> None:
@@ -158,20 +190,6 @@ def versions_table(versions: list[VersionView], group: str) -> Table:
 
     rows = [[str(v.version), v.status, accuracy(v.accuracy), v.created] for v in versions]
     return table(f"model package group {group}", ["version", "status", "accuracy", "created"], rows)
-
-
-def print_changes(done: Changes, console: Console) -> None:
-    """What a lifecycle command did, one line each."""
-    for line in done.lines:
-        console.print(line, markup=False, highlight=False)
-
-
-def endpoints_table(stages: list[StageView]) -> Table:
-    """Per stage: endpoint, the version it serves, status, instances, scaling bounds, the last test."""
-    rows = [[s.stage, escape(s.endpoint), str(s.version or "-"), styled(s.status), s.instances, escape(s.scaling),
-             escape(s.test), escape(s.where)] for s in stages]
-    columns = ["stage", "endpoint", "version", "status", "instances", "scaling", "last test", "where"]
-    return table("endpoints", columns, rows)
 
 
 # cost

@@ -2,12 +2,9 @@
 
 Sources (--source): sample[:N], s3://... (staged in --input-dir), a local folder or a Hub dataset: see readers.py.
 
-Validation (readers.validate): every bad row is dropped and counted under its first failing reason, in this order:
-  malformed_row    a CSV row with the wrong number of fields, or a JSON line that does not parse
-  invalid_label    a label that is missing, unparsable or not 0/1 ("negative"/"positive" are accepted too)
-  missing_content  no content value (null, or an unquoted empty CSV field)
-  empty_text       title and content are both empty or whitespace
-If the bad share of a split exceeds --max-bad-share, the step fails (after writing stats.json).
+Validation: rows in are the physical records of the input; every bad row is dropped and counted under its first
+failing reason (readers.DROP_REASONS, see readers.py). If the bad share of a split exceeds --max-bad-share, the step
+fails (after writing stats.json) with one line that says where the first row of each reading problem is.
 
 Tokenization rule (the model's fast tokenizer, no padding):
   * with a title: the sentence pair "[CLS] title [SEP] content [SEP]" (token_type_ids 0 for the first three
@@ -43,12 +40,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from readers import StepError, limit_rows, source_chunks, validate
+from readers import DROP_REASONS, Drops, StepError, limit_rows, source_chunks, validate
 
 log = logging.getLogger("preprocess")
 
 SPLITS = ("train", "validation", "test")
-DROP_REASONS = ("malformed_row", "invalid_label", "missing_content", "empty_text")
 SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),
     ("token_type_ids", pa.list_(pa.int8())),
@@ -243,21 +239,22 @@ class SplitWriter:
 class Chunk:
     """One chunk of a source split after validation; encodings is filled in by a worker thread."""
 
-    rows: int  # input rows, malformed ones included
+    rows: int  # input rows, those dropped while reading included
     dropped: dict[str, int]
+    notes: dict[str, str]  # reason -> where the first row dropped while reading is
     kept: pa.Table | None = None
     kept_index: np.ndarray | None = None  # row index of each kept row among the chunk's parsed rows
     parsed: int = 0  # rows that parsed (the chunk's table length)
     job: Any = None
 
 
-def encoded(chunks: Iterator[tuple[pa.Table | None, int]], encoder: Encoder) -> Iterator[tuple[Chunk, list]]:
+def encoded(chunks: Iterator[tuple[pa.Table | None, Drops]], encoder: Encoder) -> Iterator[tuple[Chunk, list]]:
     """Validated chunks with their encodings. The next chunk is tokenized in a thread (the tokenizer
     releases the GIL) while the caller converts and writes the current one."""
     with ThreadPoolExecutor(1) as pool:
         pending: deque[Chunk] = deque()
-        for table, malformed in chunks:
-            chunk = Chunk(rows=malformed, dropped={"malformed_row": malformed})
+        for table, drops in chunks:
+            chunk = Chunk(rows=drops.total, dropped=dict(drops.counts), notes=drops.notes)
             if table is not None:
                 chunk.kept, chunk.kept_index, counts = validate(table)
                 chunk.dropped.update(counts)
@@ -278,12 +275,13 @@ def encoded(chunks: Iterator[tuple[pa.Table | None, int]], encoder: Encoder) -> 
 def process_split(name: str, chunks: Iterator, encoder: Encoder, writers: dict[str, SplitWriter],
                   args: argparse.Namespace) -> dict[str, Any]:
     """Validate, tokenize and write one source split (train also feeds validation); return its input stats."""
-    rows_in, position, dropped = 0, 0, dict.fromkeys(DROP_REASONS, 0)
+    rows_in, position, dropped, notes = 0, 0, dict.fromkeys(DROP_REASONS, 0), {}
     t0 = last_log = time.perf_counter()
     cpu0 = time.process_time()
     for chunk, encodings in encoded(chunks, encoder):
         for reason, n in chunk.dropped.items():
             dropped[reason] += n
+        notes = chunk.notes | notes
         if encodings:
             is_pair = chunk.kept["title"].is_valid().to_numpy(zero_copy_only=False)
             table, truncated = encoder.to_table(encodings, chunk.kept["label"].combine_chunks(), is_pair)
@@ -302,7 +300,7 @@ def process_split(name: str, chunks: Iterator, encoder: Encoder, writers: dict[s
             log.info("%s: %d rows read, %.0f rows/s", name, rows_in, rows_in / (last_log - t0))
     bad, seconds, cpu = sum(dropped.values()), time.perf_counter() - t0, time.process_time() - cpu0
     return {"rows_in": rows_in, "rows_out": rows_in - bad, "dropped": dropped, "dropped_total": bad,
-            "bad_share": round(bad / rows_in, 6) if rows_in else 0.0,
+            "bad_share": round(bad / rows_in, 6) if rows_in else 0.0, "notes": notes,
             "seconds": round(seconds, 3), "cpu_seconds": round(cpu, 3)}
 
 
@@ -357,13 +355,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             info = process_split(name, chunks, encoder, writers, args)
             stats["input"][name] = info
             log.info("%s: %s", name, json.dumps(info))
+            where = "".join(f"; {note}" for note in info["notes"].values())
             if info["rows_out"] == 0:
-                failures.append(f"{name}: no valid rows (of {info['rows_in']})")
+                failures.append(f"{name}: no valid rows (of {info['rows_in']}){where}")
             elif info["bad_share"] > args.max_bad_share:
                 reasons = ", ".join(f"{k}={v}" for k, v in info["dropped"].items() if v)
                 failures.append(f"{name}: {info['dropped_total']} of {info['rows_in']} rows are bad "
                                 f"({info['bad_share']:.2%}: {reasons}), more than --max-bad-share "
-                                f"{args.max_bad_share:.2%}")
+                                f"{args.max_bad_share:.2%}{where}")
     finally:
         for w in writers.values():
             w.close()

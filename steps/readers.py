@@ -1,4 +1,4 @@
-"""Input readers of the tokenize step: every source as chunks of (standardized table, malformed rows).
+"""Input readers of the tokenize step: every source as chunks of (standardized table, rows dropped while reading).
 
 Sources (--source):
   sample | sample:N   deterministic synthetic reviews (N train rows, N/10 test rows), see reviews.py
@@ -7,9 +7,22 @@ Sources (--source):
   anything else       a Hub dataset name for datasets.load_dataset (splits train/test)
 A file belongs to the train split if its path names "train", to the test split if it names "test" (the file
 name is checked first, then its folders, deepest first). Each file needs a label column and a content column
-("content", "text" or "review"); a title column ("title" or "summary") is optional. CSV files need a header.
-A standardized table has the string columns label / title / content (title may be all null); `validate` keeps
-its valid rows and counts the others per drop reason (see preprocess.py).
+("content", "text" or "review"); a title column ("title" or "summary") is optional. CSV files need a header;
+quoted fields may hold line breaks; LF, CRLF and a UTF-8 BOM are fine. Files are streamed, never loaded whole
+(except a JSON file that holds one array).
+
+Rows in = physical records of the file. Every bad row is dropped and counted under the first of DROP_REASONS that
+applies; the readers drop (and note where the first of each was, as "file line N: what"):
+  malformed_row     a CSV record with the wrong number of fields (one row per physical line it spans, as it may
+                    hold several rows), or a JSON line that is not a JSON object
+  unclosed_quote    a CSV quote that never closes: each line from its record to the end of the file (csv_records.py)
+  oversized_row     a record or JSON line longer than MAX_ROW_BYTES
+  invalid_encoding  a CSV record or JSON line that is not valid UTF-8
+and `validate` drops:
+  invalid_label     a label that is missing, unparsable or not 0/1 ("negative"/"positive" are accepted too)
+  missing_content   no content value (null, or an unquoted empty CSV field)
+  empty_text        title and content are both empty or whitespace
+A standardized table has the string columns label / title / content (title may be all null).
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import gzip
 import json
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -29,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import reviews
+from csv_records import BOM, READ_BYTES, RecordBlocks
 
 log = logging.getLogger("preprocess")
 
@@ -38,18 +53,48 @@ TITLE_COLUMNS = ("title", "summary")
 CHUNK_ROWS = 8192  # rows per read / tokenize batch
 DATA_SUFFIXES = (".csv", ".parquet", ".pq", ".jsonl", ".json", ".ndjson")
 DEFAULT_SAMPLE_ROWS = 20_000
+MAX_ROW_BYTES = 1 << 20  # a review is a few KB; a larger record is most likely broken quoting or a stray blob
+DROP_REASONS = ("malformed_row", "unclosed_quote", "oversized_row", "invalid_encoding", "invalid_label",
+                "missing_content", "empty_text")
+TEXT_NAMES = LABEL_COLUMNS + CONTENT_COLUMNS + TITLE_COLUMNS
 
 
 class StepError(Exception):
     """A problem with the input or the arguments, reported as one clear line."""
 
 
-def sample_chunks(split: str, rows: int, seed: int) -> Iterator[tuple[pa.Table, int]]:
+@dataclass
+class Drops:
+    """Rows a reader dropped, by reason, and where the first of each reason was ("file line N: what")."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def add(self, reason: str, rows: int = 1, note: str | None = None) -> None:
+        if rows > 0:
+            self.counts[reason] = self.counts.get(reason, 0) + rows
+            if note is not None:
+                self.notes.setdefault(reason, note)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def capped(self, rows: int) -> Drops:
+        """The first `rows` of these drops (in the order of DROP_REASONS)."""
+        counts = {}
+        for reason in sorted(self.counts, key=DROP_REASONS.index):
+            counts[reason] = min(self.counts[reason], rows - sum(counts.values()))
+        counts = {k: v for k, v in counts.items() if v}
+        return Drops(counts, {k: v for k, v in self.notes.items() if k in counts})
+
+
+def sample_chunks(split: str, rows: int, seed: int) -> Iterator[tuple[pa.Table, Drops]]:
     """Deterministic synthetic reviews with exactly balanced labels (within each pair of rows)."""
     generated = reviews.sample_reviews(split, rows, seed)
     while chunk := list(islice(generated, CHUNK_ROWS)):
         labels, titles, contents = (list(column) for column in zip(*chunk, strict=True))
-        yield pa.table({"label": pa.array(labels, pa.int64()), "title": titles, "content": contents}), 0
+        yield pa.table({"label": pa.array(labels, pa.int64()), "title": titles, "content": contents}), Drops()
 
 
 def _pick(names: list[str], candidates: tuple[str, ...]) -> str | None:
@@ -77,61 +122,81 @@ def standardize(table: pa.Table, where: str) -> pa.Table:
     return pa.table(columns)
 
 
-def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table, int]]:
-    malformed = [0]
+def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
+    """Blocks of whole, valid UTF-8 records (csv_records.py), each parsed by pyarrow."""
+    malformed: list[str] = []
 
     def skip(row: Any) -> str:
-        malformed[0] += 1
+        malformed.append(row.text)
         return "skip"
 
-    text_types = {variant: pa.string() for c in LABEL_COLUMNS + CONTENT_COLUMNS + TITLE_COLUMNS
-                  for variant in (c, c.title(), c.upper())}  # read as text: type inference is per block
-    reader = pacsv.open_csv(
-        pa.input_stream(str(path), compression="detect"),
-        read_options=pacsv.ReadOptions(block_size=4 << 20),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=skip),
-        convert_options=pacsv.ConvertOptions(column_types=text_types, strings_can_be_null=True,
-                                             null_values=[""], quoted_strings_can_be_null=False))
-    for batch in reader:
-        n, malformed[0] = malformed[0], 0
-        yield pa.Table.from_batches([batch]), n
-    if malformed[0]:
-        yield pa.Table.from_batches([], reader.schema), malformed[0]
+    parse = pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=skip)
+    convert = pacsv.ConvertOptions(  # read as text: type inference is per block
+        column_types={v: pa.string() for c in TEXT_NAMES for v in (c, c.title(), c.upper())},
+        strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=False)
+    names = None
+    with pa.input_stream(str(path), compression="detect") as stream:
+        for block in RecordBlocks(stream.read, MAX_ROW_BYTES, str(path)):
+            drops = Drops(block.dropped, block.notes)
+            if not block.data:
+                yield None, drops
+                continue
+            table = pacsv.read_csv(pa.py_buffer(block.data), pacsv.ReadOptions(  # parsed in parallel pieces
+                column_names=names, block_size=2 * MAX_ROW_BYTES), parse, convert)  # a record fits in two
+            names = names or table.column_names
+            for text in malformed:
+                at = block.data.find(text.encode()) if "malformed_row" not in drops.notes else -1
+                where = f"{path} line {block.line_at(at)}" if at >= 0 else str(path)
+                drops.add("malformed_row", text.count("\n") + 1, f"{where}: wrong number of fields "
+                          f"({len(names)} in the header)")
+            malformed.clear()
+            yield table, drops
 
 
-def _parquet_chunks(path: Path) -> Iterator[tuple[pa.Table, int]]:
+def _parquet_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
     for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS):
-        yield pa.Table.from_batches([batch]), 0
+        yield pa.Table.from_batches([batch]), Drops()
 
 
-def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, int]]:
+def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
+    """JSON Lines read line by line as bytes (or a JSON array, read whole)."""
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        head = f.read(1 << 16).lstrip()
+    with opener(path, "rb") as f:
+        head = f.read(1 << 16).removeprefix(BOM).lstrip()
         f.seek(0)
-        if head.startswith("["):  # a JSON array rather than JSON Lines
+        if head.startswith(b"["):  # a JSON array rather than JSON Lines
             rows = json.load(f)
             for start in range(0, len(rows), CHUNK_ROWS):
-                yield _rows_table(rows[start:start + CHUNK_ROWS]), 0
+                yield _rows_table(rows[start:start + CHUNK_ROWS]), Drops()
             return
-        rows, bad = [], 0
-        for line in f:
-            if not line.strip():
+        rows, drops, number = [], Drops(), 0
+        while line := f.readline(MAX_ROW_BYTES + 1):
+            number += 1
+            bad = None
+            if len(line) > MAX_ROW_BYTES and not line.endswith(b"\n"):
+                while (rest := f.readline(READ_BYTES)) and not rest.endswith(b"\n"):
+                    pass
+                bad = "oversized_row", f"a line of more than {MAX_ROW_BYTES} bytes"
+            elif not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
             else:
-                bad += 1
+                try:
+                    row = json.loads(line.removeprefix(BOM).decode())
+                    if isinstance(row, dict):
+                        rows.append(row)
+                    else:
+                        bad = "malformed_row", "not a JSON object"
+                except UnicodeDecodeError:
+                    bad = "invalid_encoding", "not valid UTF-8"
+                except json.JSONDecodeError:
+                    bad = "malformed_row", "not a JSON object"
+            if bad:
+                drops.add(bad[0], 1, f"{path} line {number}: {bad[1]}")
             if len(rows) == CHUNK_ROWS:
-                yield _rows_table(rows), bad
-                rows, bad = [], 0
-        if rows or bad:
-            yield _rows_table(rows), bad
+                yield _rows_table(rows), drops
+                rows, drops = [], Drops()
+        if rows or drops.total:
+            yield _rows_table(rows), drops
 
 
 def _rows_table(rows: list[dict]) -> pa.Table:
@@ -148,10 +213,10 @@ def _rows_table(rows: list[dict]) -> pa.Table:
     return pa.table(columns) if columns else pa.table({"label": pa.array([], pa.string())})
 
 
-def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, int]]:
-    """Chunks of one data file as standardized tables (None if no row parsed), with their malformed rows."""
+def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
+    """Chunks of one data file as standardized tables (None if no row parsed), with the rows dropped."""
     name = path.name.lower().removesuffix(".gz")
-    reader: Callable[[Path], Iterator[tuple[pa.Table, int]]]
+    reader: Callable[[Path], Iterator[tuple[pa.Table | None, Drops]]]
     if name.endswith(".csv"):
         reader = _csv_chunks
     elif name.endswith((".parquet", ".pq")):
@@ -159,8 +224,8 @@ def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, int]]:
     else:
         reader = _jsonl_chunks
     try:
-        for table, malformed in reader(path):
-            yield (standardize(table, str(path)) if len(table) else None), malformed
+        for table, drops in reader(path):
+            yield (standardize(table, str(path)) if table is not None and len(table) else None), drops
     except StepError:
         raise
     except (OSError, ValueError, UnicodeDecodeError, pa.ArrowException) as e:
@@ -199,7 +264,7 @@ def find_files(root: Path) -> dict[str, list[Path]]:
     return found
 
 
-def hub_chunks(name: str, split: str) -> Iterator[tuple[pa.Table, int]]:
+def hub_chunks(name: str, split: str) -> Iterator[tuple[pa.Table, Drops]]:
     """Chunks of a Hub dataset split (the dataset is downloaded to the Arrow cache, then read in chunks)."""
     import datasets
 
@@ -211,11 +276,11 @@ def hub_chunks(name: str, split: str) -> Iterator[tuple[pa.Table, int]]:
     for start in range(0, len(ds), CHUNK_ROWS):
         table = ds.data.slice(start, CHUNK_ROWS)
         table = getattr(table, "table", table)  # datasets wraps pyarrow tables
-        yield standardize(table, f"{name}[{split}]"), 0
+        yield standardize(table, f"{name}[{split}]"), Drops()
 
 
-def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table | None, int]]]:
-    """For train and test: an iterator of (standardized table, malformed rows) chunks."""
+def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table | None, Drops]]]:
+    """For train and test: an iterator of (standardized table, rows dropped while reading) chunks."""
     source = args.source
     if source == "sample" or source.startswith("sample:"):
         try:
@@ -234,16 +299,16 @@ def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table
     return {split: hub_chunks(source, split) for split in ("train", "test")}
 
 
-def limit_rows(chunks: Iterator[tuple[pa.Table | None, int]], limit: int | None) -> Iterator[tuple[Any, int]]:
-    """Stop after `limit` input rows (malformed rows count too)."""
+def limit_rows(chunks: Iterator[tuple[pa.Table | None, Drops]], limit: int | None) -> Iterator[tuple[Any, Drops]]:
+    """Stop after `limit` input rows (rows dropped while reading count too)."""
     seen = 0
-    for table, malformed in chunks:
+    for table, drops in chunks:
         if limit is not None:
-            malformed = min(malformed, limit - seen)
+            drops = drops.capped(limit - seen)
             if table is not None:
-                table = table.slice(0, max(0, limit - seen - malformed))
-        seen += malformed + (len(table) if table is not None else 0)
-        yield table, malformed
+                table = table.slice(0, max(0, limit - seen - drops.total))
+        seen += drops.total + (len(table) if table is not None else 0)
+        yield table, drops
         if limit is not None and seen >= limit:
             return
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import botocore.handlers
@@ -59,26 +59,38 @@ class Recorder:
         if not path.exists():
             return None  # not recorded: moto answers
         self.served.append((operation, key))
-        body = path.read_bytes()
-        headers = {"Content-Type": "application/x-amz-json-1.1", "x-amzn-RequestId": "recorded"}
-        parsed = create_parser(model.metadata["protocol"]).parse(
-            {"body": body, "headers": headers, "status_code": 200}, model.output_shape
-        )
-        return AWSResponse(params.get("url", ""), 200, headers, _Body(body)), parsed
+        return respond(model, path.read_bytes(), params.get("url", ""))
+
+
+def respond(model, body: bytes, url: str = "") -> tuple[AWSResponse, dict]:
+    """A 200 answer to operation `model` with the JSON `body`, parsed by botocore's own parser for its output."""
+    headers = {"Content-Type": "application/x-amz-json-1.1", "x-amzn-RequestId": "recorded"}
+    parsed = create_parser(model.metadata["protocol"]).parse(
+        {"body": body, "headers": headers, "status_code": 200}, model.output_shape
+    )
+    return AWSResponse(url, 200, headers, _Body(body)), parsed
+
+
+@contextlib.contextmanager
+def before_call(operations: Iterable[str], hook: Callable) -> Iterator[None]:
+    """`hook` sees these SageMaker operations first (after botocore validated and serialized the request), for every
+    client created inside the block; what it returns is the answer, None lets the call go on (to moto)."""
+    handlers = [(f"before-call.sagemaker.{operation}", hook) for operation in operations]
+    for handler in handlers:
+        botocore.handlers.BUILTIN_HANDLERS.insert(0, handler)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            botocore.handlers.BUILTIN_HANDLERS.remove(handler)
 
 
 @contextlib.contextmanager
 def recorded_sagemaker() -> Iterator[Recorder]:
     """Serve the recorded responses to every SageMaker client created inside the block."""
     recorder = Recorder()
-    handlers = [(f"before-call.sagemaker.{operation}", recorder) for operation in KEYS]
-    for handler in handlers:
-        botocore.handlers.BUILTIN_HANDLERS.insert(0, handler)
-    try:
+    with before_call(KEYS, recorder):
         yield recorder
-    finally:
-        for handler in handlers:
-            botocore.handlers.BUILTIN_HANDLERS.remove(handler)
 
 
 ROOT = Path(__file__).resolve().parent.parent

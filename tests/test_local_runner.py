@@ -7,16 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.dag.selection import SelectionError, Source, check_retry, select
 from pipeline.local.execution import Execution
 from pipeline.local.runner import LocalRunner
 from pipeline.local.storage import LocalS3
 
 JOB = """
-import sys, pathlib
+import os, sys, pathlib
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 runs = pathlib.Path(args["--runs"])
 runs.write_text(runs.read_text() + args["--name"] + "\\n" if runs.exists() else args["--name"] + "\\n")
-if args.get("--fail") == "yes":
+if args.get("--fail") == "yes" or os.environ.get("FAIL_STEP") == args["--name"]:
     print("preparing"); print("ValueError: the input is broken", file=sys.stderr); sys.exit(3)
 data = pathlib.Path("/opt/ml/processing/input/data".replace("/opt/ml/processing", args["--root"]))
 text = (data / "result.txt").read_text() if (data / "result.txt").exists() else ""
@@ -242,3 +243,71 @@ def test_ctrl_c_stops_the_running_step_and_marks_the_execution_stopped(root):
     execution = Execution.load(saved)
     assert execution.status == "Stopped"
     assert execution.steps["A"].status == "Stopped" and execution.steps["B"].status == "NotStarted"
+
+
+def test_retry_reruns_the_failed_and_not_run_steps_in_place_and_keeps_the_rest(root, monkeypatch):
+    monkeypatch.setenv("FAIL_STEP", "B")  # a transient failure: the definition stays the same
+    failed = run(root)
+    assert statuses(failed)["B"] == "Failed" and runs(root) == ["A", "B"]
+    a_log = Path(failed.steps["A"].log).read_text()
+    monkeypatch.delenv("FAIL_STEP")
+    runner = LocalRunner(definition(root / "runs.txt"), "demo", root)
+    retried = runner.retry(Execution.load(root / "executions" / "demo" / failed.id / "execution.json"))
+    assert retried.id == failed.id and retried.status == "Succeeded" and retried.retries == 1
+    assert runs(root) == ["B", "C"]  # A kept its outputs
+    assert {n: r.attempts for n, r in retried.steps.items()} == {"A": 1, "B": 2, "C": 1, "Gate": 1, "TooLow": 0}
+    assert statuses(retried)["TooLow"] == "Skipped"
+    assert Path(retried.steps["A"].log).read_text() == a_log
+    assert retried.steps["B"].log.endswith("B.attempt-2.log")
+    assert "ValueError: the input is broken" in (Path(retried.steps["B"].log).parent / "B.log").read_text()
+    c_out = LocalS3(root).path(f"s3://bucket/run/{failed.id}/C") / "result.txt"
+    assert c_out.read_text() == "Av1;B;C;"
+    (saved,) = (root / "executions" / "demo").glob("*/execution.json")  # one record, updated in place
+    assert Execution.load(saved).steps["B"].attempts == 2
+    with pytest.raises(SelectionError, match="is Succeeded: there is nothing to retry"):
+        check_retry(retried.id, retried.status, runner.definition, runner.definition, [])
+
+
+def test_a_retried_step_starts_in_an_empty_working_folder(root, monkeypatch):
+    monkeypatch.setenv("FAIL_STEP", "B")
+    failed = run(root)
+    leftover = root / "executions" / "demo" / failed.id / "B" / "processing" / "output" / "partial.txt"
+    leftover.write_text("from the failed attempt")
+    monkeypatch.delenv("FAIL_STEP")
+    LocalRunner(definition(root / "runs.txt"), "demo", root).retry(failed)
+    assert not leftover.exists()
+    assert not (LocalS3(root).path(f"s3://bucket/run/{failed.id}/B") / "partial.txt").exists()
+
+
+def source_of(execution: Execution) -> Source:
+    return Source(execution.id, execution.pipeline, execution.status,
+                  {n: r.status for n, r in execution.steps.items()})
+
+
+def test_a_selective_run_reuses_the_sources_outputs_and_runs_nothing_downstream(root):
+    first = run(root)
+    runs(root)
+    dag = definition(root / "runs.txt")
+    chosen = select(dag, ["B"], source_of(first), "demo")
+    assert (chosen.reused, chosen.not_run) == (["A"], ["Gate", "C", "TooLow"])
+    selective = LocalRunner(dag, "demo", root, use_cache=False).run({}, selection=chosen, source=first)
+    assert selective.status == "Succeeded" and runs(root) == ["B"]
+    assert list(selective.steps) == ["A", "B"]
+    assert selective.selective_from == first.id and selective.selected_steps == ["B"]
+    assert selective.steps["A"].reused_from == first.id and selective.steps["A"].attempts == 0
+    assert selective.steps["A"].properties == first.steps["A"].properties
+    # B read A's output from the source execution and wrote its own under the new execution's id
+    assert (LocalS3(root).path(f"s3://bucket/run/{selective.id}/B") / "result.txt").read_text() == "Av1;B;"
+    view = selective.view()
+    assert view.selective_from == first.id and view.steps[0].reused_from == first.id
+
+
+def test_a_selective_run_of_a_branch_step_follows_the_sources_condition(root):
+    first = run(root, {"Threshold": "0.9"})  # the gate took the else branch
+    runs(root)
+    dag = definition(root / "runs.txt")
+    chosen = select(dag, ["C"], source_of(first), "demo")
+    assert chosen.reused == ["A", "B", "Gate"]
+    selective = LocalRunner(dag, "demo", root).run({"Threshold": "0.9"}, selection=chosen, source=first)
+    assert statuses(selective)["C"] == "Skipped" and runs(root) == []
+    assert selective.steps["C"].reason == "Gate took the other branch"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,22 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 pre = load_step("preprocess")
 rd = load_step("readers", "readers")  # the modules preprocess imports, not second copies
 rev = load_step("reviews", "reviews")
-REASONS = {"malformed_row", "invalid_label", "missing_content", "empty_text"}
+
+
+def drops(**counts: int) -> dict[str, int]:
+    """stats.json's "dropped" of a split: every reason, zero unless given."""
+    assert set(counts) <= set(rd.DROP_REASONS)
+    return dict.fromkeys(rd.DROP_REASONS, 0) | counts
+
+
+def adds_up(stats: dict) -> None:
+    """Rows in = rows out + drops, for each split, and the rows out are the rows written."""
+    for split, info in stats["input"].items():
+        assert info["rows_in"] == info["rows_out"] + sum(info["dropped"].values()), split
+        assert info["dropped_total"] == sum(info["dropped"].values())
+    out = stats["output"]
+    assert out["train"]["rows"] + out["validation"]["rows"] == stats["input"]["train"]["rows_out"]
+    assert out["test"]["rows"] == stats["input"]["test"]["rows_out"]
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +174,10 @@ def test_csv_bad_rows_are_dropped_and_counted(tok_dir: Path, tmp_path: Path) -> 
     write_csv(tmp_path / "in" / "test" / "data.csv", good[:5] + ['1,"only a title",""'])
     stats = run(tok_dir, tmp_path / "in", tmp_path / "out", "--max-bad-share", "0.5")
     train = stats["input"]["train"]
-    assert train["dropped"] == {"malformed_row": 1, "invalid_label": 4, "missing_content": 1, "empty_text": 2}
+    assert train["dropped"] == drops(malformed_row=1, invalid_label=4, missing_content=1, empty_text=2)
     assert train["rows_in"] == 28 and train["rows_out"] == 20 and train["dropped_total"] == 8
+    assert train["notes"] == {
+        "malformed_row": f"{tmp_path / 'in' / 'train' / 'part2.csv'} line 15: wrong number of fields (3 in the header)"}
     assert stats["output"]["train"]["rows"] + stats["output"]["validation"]["rows"] == 20
     test = stats["input"]["test"]
     assert test["rows_out"] == 6 and test["dropped_total"] == 0  # a title alone is enough text
@@ -185,17 +204,31 @@ def test_jsonl_and_parquet_bad_rows(tok_dir: Path, tmp_path: Path) -> None:
                      "content": ["the sound", "great", "bad label", None, " "]})
     pq.write_table(test, tmp_path / "in" / "test.parquet")
     stats = run(tok_dir, tmp_path / "in", tmp_path / "out", "--max-bad-share", "1")
-    assert stats["input"]["train"]["dropped"] == {
-        "malformed_row": 2, "invalid_label": 2, "missing_content": 2, "empty_text": 1}
+    assert stats["input"]["train"]["dropped"] == drops(malformed_row=2, invalid_label=2, missing_content=2,
+                                                       empty_text=1)
     assert stats["input"]["train"]["rows_out"] == 14
-    assert stats["input"]["test"]["dropped"] == {
-        "malformed_row": 0, "invalid_label": 1, "missing_content": 1, "empty_text": 1}
+    assert stats["input"]["test"]["dropped"] == drops(invalid_label=1, missing_content=1, empty_text=1)
     assert read(tmp_path / "out", "test")["label"].to_pylist() == [0, 1]
 
 
-def test_max_rows_per_split(tok_dir: Path, tmp_path: Path) -> None:
-    stats = run(tok_dir, "sample:500", tmp_path, "--max-rows-per-split", "120")
-    assert stats["input"]["train"]["rows_in"] == 120 and stats["input"]["test"]["rows_in"] == 50
+def test_max_rows_per_split_caps_every_split(tok_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = run(tok_dir, "sample:500", tmp_path / "sample", "--max-rows-per-split", "40")  # 500 train, 50 test
+    assert stats["input"]["train"]["rows_in"] == 40 and stats["input"]["test"]["rows_in"] == 40
+    assert stats["output"]["test"]["rows"] == 40 and len(read(tmp_path / "sample", "test")) == 40
+    adds_up(stats)
+
+    # files, with rows dropped while reading (they count towards the cap) and several chunks per file
+    monkeypatch.setattr(rd, "CHUNK_ROWS", 8)
+    folder = tmp_path / "in"
+    write_csv(folder / "train" / "a.csv", [f'{i % 2},"t","fine {i}"' for i in range(30)] + ['1,"x","y","z"'] * 5)
+    write_csv(folder / "train" / "b.csv", [f'{i % 2},"t","fine {i}"' for i in range(30)])
+    lines = [json.dumps(r) for r in good_rows(10)] + ["{broken"] * 3 + [json.dumps(r) for r in good_rows(40)]
+    (folder / "test.jsonl").write_text("\n".join(lines) + "\n")
+    stats = run(tok_dir, folder, tmp_path / "files", "--max-rows-per-split", "45", "--max-bad-share", "0.2")
+    train, test = stats["input"]["train"], stats["input"]["test"]
+    assert train["rows_in"] == 45 and train["dropped"] == drops(malformed_row=5) and train["rows_out"] == 40
+    assert test["rows_in"] == 45 and test["dropped"] == drops(malformed_row=3) and test["rows_out"] == 42
+    adds_up(stats)
 
 
 def test_validation_split_is_seeded_and_chunk_independent() -> None:
@@ -252,3 +285,127 @@ def test_cli_fails_when_too_many_rows_are_bad(tok_dir: Path, tmp_path: Path) -> 
     assert "--max-bad-share" in proc.stderr
     stats = json.loads((tmp_path / "out" / "stats" / "stats.json").read_text())
     assert stats["input"]["train"]["dropped"]["invalid_label"] == 5 and "error" in stats
+
+
+def csv_rows(n: int) -> list[str]:
+    return [f"{i % 2},title {i},the sound quality is great {i}" for i in range(n)]
+
+
+def test_unclosed_quote_fails_naming_the_line_and_counts_the_swallowed_rows(tok_dir: Path, tmp_path: Path) -> None:
+    """Row 3000 of 4000 (line 3001) opens a quote that never closes: the 1001 rows from there on are bad."""
+    rows = csv_rows(4000)
+    rows[2999] = '1,title 2999,"the quote of this review never closes'
+    write_csv(tmp_path / "in" / "train.csv", rows)
+    write_csv(tmp_path / "in" / "test.csv", csv_rows(10))
+    cmd = [sys.executable, str(STEPS / "preprocess.py"), "--source", str(tmp_path / "in"), "--model-id",
+           str(tok_dir), "--max-length", "32", "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("preprocess failed: train: 1001 of 4000 rows are bad (25.02%: unclosed_quote=1001)")
+    assert f"{tmp_path / 'in' / 'train.csv'} line 3001: a quote opened here never closes" in line
+
+    stats = run(tok_dir, tmp_path / "in", tmp_path / "out", "--max-bad-share", "0.3")
+    train = stats["input"]["train"]
+    assert train["rows_in"] == 4000 and train["rows_out"] == 2999
+    assert train["dropped"] == drops(unclosed_quote=1001)
+    assert "line 3001" in train["notes"]["unclosed_quote"]
+    adds_up(stats)
+
+
+def quoted_rows(n: int) -> list[str]:
+    return [f'{i % 2},"title {i}","the sound is great {i}"' for i in range(n)]
+
+
+@pytest.mark.parametrize(("rows", "bad", "dropped", "note"), [
+    # unquoted file: the quote swallows the rest of the file into a record of too few fields
+    (csv_rows, '1,"title never closed,the content', 1001, "line 3001: a quote opened here never closes"),
+    # every field quoted: the next row's first quote closes it; pyarrow would read the two lines as one valid row
+    (quoted_rows, '1,"title never closed,the content', 2, "line 3001: a quoted field opens here, runs over 2 lines"),
+    # ... or as one record of 4 fields
+    (quoted_rows, '1,"title 2999","never closed', 2, "line 3001: a quoted field opens here, runs over 2 lines"),
+])
+def test_unclosed_quote_variants(tok_dir: Path, tmp_path: Path, rows: Callable, bad: str, dropped: int,
+                                 note: str) -> None:
+    lines = rows(4000)
+    lines[2999] = bad
+    write_csv(tmp_path / "in" / "train.csv", lines)
+    write_csv(tmp_path / "in" / "test.csv", csv_rows(10))
+    stats = run(tok_dir, tmp_path / "in", tmp_path / "out", "--max-bad-share", "0.3")
+    train = stats["input"]["train"]
+    assert train["rows_in"] == 4000 and train["dropped"] == drops(unclosed_quote=dropped)
+    assert note in train["notes"]["unclosed_quote"]
+    adds_up(stats)
+
+
+def test_invalid_utf8_drops_the_row_not_the_file(tok_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    lines = [line.encode() for line in csv_rows(20)]
+    lines[4] = b'1,"caf\xe9 in Latin-1","the title is not UTF-8"'  # line 6 of the file
+    lines[9] = b'0,"fine","a stray \xff byte","and a field too many"'  # bad both ways: counted once
+    (folder / "train.csv").write_bytes(b"label,title,content\n" + b"\n".join(lines) + b"\n")
+    jsonl = [json.dumps(r).encode() for r in good_rows(20)]
+    jsonl[7] = b'{"label": 1, "title": "t", "content": "caf\xe9"}'  # line 8
+    (folder / "test.jsonl").write_bytes(b"\n".join(jsonl) + b"\n")
+    stats = run(tok_dir, folder, tmp_path / "out", "--max-bad-share", "0.2")
+    train, test = stats["input"]["train"], stats["input"]["test"]
+    assert train["rows_in"] == 20 and train["dropped"] == drops(invalid_encoding=2) and train["rows_out"] == 18
+    assert train["notes"]["invalid_encoding"] == f"{folder / 'train.csv'} line 6: not valid UTF-8"
+    assert test["rows_in"] == 20 and test["dropped"] == drops(invalid_encoding=1) and test["rows_out"] == 19
+    assert test["notes"]["invalid_encoding"] == f"{folder / 'test.jsonl'} line 8: not valid UTF-8"
+    adds_up(stats)
+
+
+def test_oversized_row_is_counted_and_the_rest_of_the_file_read(tok_dir: Path, tmp_path: Path) -> None:
+    """Rows over readers.MAX_ROW_BYTES (one of 9 MB, more than two of pyarrow's blocks) are dropped and counted;
+    a long review under the limit is kept."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    huge = "great sound " * ((9 << 20) // 24)  # 4.5 MB
+    long = "great sound " * ((rd.MAX_ROW_BYTES - 100) // 12)
+    rows = csv_rows(30)
+    rows[5] = f'1,"a huge one","{huge}\n{huge}"'  # quoted, two lines: one row
+    rows[10] = f"0,unquoted,{huge[:2 << 20]}"
+    rows[20] = f'1,"long but fine","{long}"'
+    write_csv(folder / "train.csv", rows)
+    jsonl = [json.dumps(r) for r in good_rows(30)]
+    jsonl[3] = json.dumps({"label": 1, "title": "huge", "content": huge[:2 << 20]})
+    (folder / "test.jsonl").write_text("\n".join(jsonl) + "\n")
+    stats = run(tok_dir, folder, tmp_path / "out", "--max-bad-share", "0.1")
+    train, test = stats["input"]["train"], stats["input"]["test"]
+    assert train["rows_in"] == 30 and train["dropped"] == drops(oversized_row=2) and train["rows_out"] == 28
+    assert train["notes"]["oversized_row"].endswith(f"train.csv line 7: a record of more than {rd.MAX_ROW_BYTES} "
+                                                    "bytes")
+    assert test["rows_in"] == 30 and test["dropped"] == drops(oversized_row=1) and test["rows_out"] == 29
+    assert test["notes"]["oversized_row"].endswith("test.jsonl line 4: a line of more than 1048576 bytes")
+    assert 32 in (stats["output"][s]["token_length"]["max"] for s in ("train", "validation"))  # the long review
+    adds_up(stats)
+
+
+def test_real_dump_shapes_parse_row_for_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quoted multi-line reviews with commas and doubled quotes, CRLF, a BOM, gzip; read in pieces smaller than a
+    row: every file gives back exactly the rows written, counted once each."""
+    import csv
+    import gzip
+
+    monkeypatch.setattr(load_step("csv_records", "csv_records"), "READ_BYTES", 100)
+    rng = random.Random(5)
+    rows = [(str(i % 2), rng.choice(["Great", "Meh, \"ok\"", "", "Two\nlines"]),
+             rng.choice(["Fine.", "Line one\r\nline two, with \"quotes\"", "a,b\n\nc", " "]) + f" {i}")
+            for i in range(200)]
+    text = io.StringIO()
+    csv.writer(text, quoting=csv.QUOTE_ALL, lineterminator="\r\n").writerows([("label", "title", "content"), *rows])
+    data = "\ufeff" + text.getvalue()
+    (tmp_path / "a.csv").write_text(data, newline="")
+    (tmp_path / "b.csv.gz").write_bytes(gzip.compress(data.replace("\r\n", "\n").encode()))
+    jsonl = "\ufeff" + "".join(json.dumps(dict(zip(("label", "title", "content"), r, strict=True))) + "\r\n"
+                               for r in rows)
+    (tmp_path / "c.jsonl").write_text(jsonl, newline="")
+    (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(jsonl.encode()))
+    for name in ("a.csv", "b.csv.gz", "c.jsonl", "d.jsonl.gz"):
+        got = [(t, d) for t, d in rd.file_chunks(tmp_path / name)]
+        assert sum(d.total for _, d in got) == 0, name
+        table = pa.concat_tables(t for t, _ in got if t is not None)
+        want = [tuple(v.replace("\r\n", "\n") for v in row) for row in rows] if name == "b.csv.gz" else rows
+        assert list(zip(*(table[c].to_pylist() for c in ("label", "title", "content")), strict=True)) == want, name

@@ -15,6 +15,7 @@ from pipeline.records import Approval, Changes, ExecutionView, OnUpdate, RunSumm
 if TYPE_CHECKING:
     from pipeline.config import Config
     from pipeline.cost import ExecutionCost
+    from pipeline.dag.selection import Selection
 
 
 class Backend(Protocol):
@@ -30,6 +31,21 @@ class Backend(Protocol):
     def start(
         self, parameters: dict[str, str], *, wait: bool, use_cache: bool, on_update: OnUpdate, poll: float
     ) -> ExecutionView: ...
+
+    def check_selection(self, steps: list[str], source: str | None, parameters: dict[str, str]) -> Selection:
+        """The selection of `steps` with outputs from execution `source`, checked against the definition of the config
+        (SelectionError, ParameterError); nothing is started or changed."""
+
+    def start_selected(
+        self, steps: list[str], source: str | None, parameters: dict[str, str], *, wait: bool, use_cache: bool,
+        on_update: OnUpdate, poll: float,
+    ) -> ExecutionView:
+        """Run only `steps` of the upserted pipeline; the unselected steps they depend on keep the outputs they had in
+        execution `source`, whose parameters are the defaults of `parameters`."""
+
+    def retry(self, execution: str | None, *, wait: bool, on_update: OnUpdate, poll: float) -> ExecutionView:
+        """Run a Failed or Stopped execution (default: the latest) again in place: the steps that succeeded keep their
+        outputs, the others run again. Refused when the code and config make another definition than it ran."""
 
     def execution(self, execution: str | None) -> ExecutionView: ...
 

@@ -14,6 +14,7 @@ from pipeline.config import Config
 from pipeline.cost import ExecutionCost
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.parameters import resolve
+from pipeline.dag.selection import RERUN, Selection, Source, check_retry, inherit, select
 from pipeline.errors import UserError
 from pipeline.local.account import NO_SCALING, endpoint_check, lifecycle
 from pipeline.local.cost import local_costs
@@ -92,13 +93,52 @@ class LocalBackend:
         on_update: Callable[[Execution], None] | None = None,
     ) -> Execution:
         """Execute the upserted pipeline definition end to end on this machine."""
+        return self._runner(self._upserted(), use_cache, on_update).run(parameters)
+
+    def _upserted(self) -> dict:
         stored = self.layout.pipeline_definition(self.pipeline)
         if not stored.exists():
             raise ExecutionNotFound(f"no local pipeline {self.pipeline} yet: run `trainium-pipeline run --local`")
-        runner = LocalRunner(json.loads(stored.read_text()), self.pipeline, self.layout.root,
-                             processes=self.cfg.local.processes, use_cache=use_cache, services=self.services,
-                             on_update=on_update)
-        return runner.run(parameters)
+        return json.loads(stored.read_text())
+
+    def _runner(self, definition: dict, use_cache: bool, on_update: Callable[[Execution], None] | None) -> LocalRunner:
+        return LocalRunner(definition, self.pipeline, self.layout.root, processes=self.cfg.local.processes,
+                           use_cache=use_cache, services=self.services, on_update=on_update)
+
+    def _selection(
+        self, definition: dict, steps: list[str], source: str | None, parameters: dict[str, str]
+    ) -> tuple[Selection, Execution | None, dict[str, str]]:
+        """The checked selection, its source record and the parameters of the run (the source's, overridden)."""
+        record = self.record(source) if source else None
+        statuses = {name: step.status for name, step in record.steps.items()} if record else None
+        origin = Source(record.id, record.pipeline, record.status, statuses) if record else None
+        chosen = select(definition, steps, origin, self.pipeline)
+        merged = inherit(definition, record.parameters if record else {}, parameters)
+        resolve(definition, merged)
+        return chosen, record, merged
+
+    def check_selection(self, steps: list[str], source: str | None, parameters: dict[str, str]) -> Selection:
+        return self._selection(self.definition, steps, source, parameters)[0]
+
+    def start_selected(
+        self, steps: list[str], source: str | None, parameters: dict[str, str], *, wait: bool, use_cache: bool,
+        on_update: OnUpdate, poll: float = 0.0,
+    ) -> ExecutionView:
+        """Run only `steps` of the upserted pipeline, the outputs of their unselected upstream steps taken from the
+        record of execution `source` (always to its end: `wait` changes nothing)."""
+        definition = self._upserted()
+        chosen, record, merged = self._selection(definition, steps, source, parameters)
+        runner = self._runner(definition, use_cache, lambda e: on_update(e.view()))
+        return runner.run(merged, selection=chosen, source=record).view()
+
+    def retry(self, execution: str | None, *, wait: bool, on_update: OnUpdate, poll: float = 0.0) -> ExecutionView:
+        """Run a Failed or Stopped execution again in place, with the definition it ran (refused when the code and
+        config now make another one); always to its end."""
+        record = self.record(execution)
+        ran = self.ran_definition(record)
+        rerun = [name for name, step in record.steps.items() if step.status in RERUN]
+        check_retry(record.id, record.status, ran, self.definition, rerun)
+        return self._runner(ran, True, lambda e: on_update(e.view())).retry(record).view()
 
     def records(self) -> list[Execution]:
         """The pipeline's local executions, newest first."""

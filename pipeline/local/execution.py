@@ -39,11 +39,14 @@ class StepRecord:
     cached: bool = False
     log: str = ""
     properties: dict = field(default_factory=dict)
+    attempts: int = 0  # times it started in this execution (a retry runs a failed step again)
+    reused_from: str = ""  # a selective run took its outputs from this execution
 
     def view(self) -> StepView:
         seconds = self.seconds if self.started else None
         note = "cache hit" if self.cached else self.reason
-        return StepView(self.name, self.status, self.type, self.started, seconds, note, self.properties)
+        return StepView(self.name, self.status, self.type, self.started, seconds, note, self.properties,
+                        attempts=self.attempts, reused_from=self.reused_from)
 
 
 @dataclass
@@ -57,6 +60,9 @@ class Execution:
     steps: dict[str, StepRecord]
     ended: str = ""
     failure_reason: str = ""
+    selective_from: str = ""  # a selective run: the execution the unselected steps' outputs come from
+    selected_steps: list[str] = field(default_factory=list)
+    retries: int = 0  # times `retry` ran it again
 
     @classmethod
     def new(cls, pipeline: str, parameters: dict[str, Any], steps: dict[str, str]) -> Execution:
@@ -96,6 +102,9 @@ class Execution:
             steps=[record.view() for record in self.steps.values()],
             parameters={k: str(v) for k, v in self.parameters.items()},
             failure_reason=self.failure_reason,
+            selective_from=self.selective_from,
+            selected_steps=list(self.selected_steps),
+            retries=self.retries,
         )
 
 
@@ -148,6 +157,13 @@ class ExecutionState:
             output = properties["ProcessingOutputConfig"]["Outputs"][declared["OutputName"]]
             path = self.s3.path(output["S3Output"]["S3Uri"]) / declared["FilePath"]
             self.context.property_files[(name, declared["PropertyFileName"])] = json_file_loader(path)
+
+    def restore(self, name: str, earlier: StepRecord) -> None:
+        """Step `name` succeeded before (in this execution, before a retry, or in the source of a selective run):
+        later steps see its properties, property files and the branch it took, as if it had just run."""
+        self.succeeded(name, earlier.properties)
+        if self.record(name).type == "Condition":
+            self.outcomes[name] = "IfSteps" if earlier.properties.get("Outcome") == "true" else "ElseSteps"
 
     def finish(self) -> None:
         failed = [r for r in self.execution.steps.values() if r.status == "Failed"]

@@ -3,12 +3,15 @@
 One `ExecutionState` holds what a run knows as it goes; each step type has its executor in `EXECUTORS` (as the SDK's
 own local pipeline executor has one class per step type). RegisterModel and Lambda steps call the account's services
 (pipeline.local.services), processing and training jobs run under the container contract (pipeline.local.jobs).
+A run can be selective (some steps run, the others' outputs come from a source execution's record) and a failed
+run can be retried in place: its succeeded steps keep their outputs, the others run again (a new attempt each).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from typing import IO, Protocol
 from pipeline.dag.expressions import Context, ExpressionError, condition, evaluate
 from pipeline.dag.graph import StepGraph
 from pipeline.dag.parameters import resolve
+from pipeline.dag.selection import Selection
 from pipeline.local.cache import StepCache
 from pipeline.local.execution import Execution, ExecutionState, StepRecord, now
 from pipeline.local.jobs import StepFailed, run_processing, run_training
@@ -96,12 +100,37 @@ def job_step(launch: Callable[[StepRun, str, dict, IO[str]], dict]) -> Callable[
     return execute
 
 
+def fresh(folder: Path) -> Path:
+    """An empty working folder, as a new job container starts with (a retried step leaves nothing behind)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
 def processing_job(run: StepRun, job: str, args: dict, log: IO[str]) -> dict:
-    return run_processing(job, args, run.folder, run.runner.s3, log)
+    return run_processing(job, args, fresh(run.folder), run.runner.s3, log)
+
+
+def _files(folder: Path) -> set[tuple[str, int]]:
+    return {(p.relative_to(folder).as_posix(), p.stat().st_size) for p in folder.rglob("*") if p.is_file()}
 
 
 def training_job(run: StepRun, job: str, args: dict, log: IO[str]) -> dict:
-    return run_training(job, args, run.folder, run.runner.s3, log, run.runner.processes)
+    """A training job whose checkpoints (`CheckpointConfig.S3Uri`, keyed by the execution id) survive a failed or
+    stopped attempt, so that a retry resumes from them, and are deleted once the step succeeds: nothing can resume
+    from them then (a retry keeps a succeeded step, a new execution has its own id)."""
+    s3, uri = run.runner.s3, args.get("CheckpointConfig", {}).get("S3Uri")
+    left = run.folder / "opt_ml" / "checkpoints"  # run_training's copy, synced to `uri` when the job ends
+    if uri and left.is_dir() and any(left.iterdir()):
+        s3.upload(left, uri)  # an attempt killed before its sync: its checkpoints are the newest
+    try:
+        properties = run_training(job, args, fresh(run.folder), s3, log, run.runner.processes)
+    finally:
+        if not uri or (s3.path(uri).is_dir() and _files(s3.path(uri)) == _files(left)):
+            shutil.rmtree(left, ignore_errors=True)  # the same files are in `uri`
+    if uri:
+        shutil.rmtree(s3.path(uri), ignore_errors=True)
+    return properties
 
 
 EXECUTORS: dict[str, Callable[[StepRun], dict]] = {  # step type -> its executor
@@ -138,16 +167,56 @@ class LocalRunner:
         self.services = services
         self.on_update = on_update or (lambda execution: None)
 
-    def run(self, overrides: dict[str, str] | None = None) -> Execution:
-        """Run every step in dependency order; return the finished (or stopped) execution record."""
+    def run(
+        self, overrides: dict[str, str] | None = None, *, selection: Selection | None = None,
+        source: Execution | None = None,
+    ) -> Execution:
+        """Run every step in dependency order, or only the `selection`'s steps with the outputs of its reused steps
+        taken from the `source` execution's record; return the finished (or stopped) execution record."""
         parameters = resolve(self.definition, overrides or {})
-        steps = {name: self.graph.steps[name]["Type"] for name in self.graph.order}
+        names = self.graph.order
+        if selection is not None:
+            names = [n for n in self.graph.order if n in {*selection.steps, *selection.reused}]
+        steps = {name: self.graph.steps[name]["Type"] for name in names}
         state = ExecutionState(Execution.new(self.pipeline, parameters, steps), self.graph, self.s3)
+        if selection is not None:
+            names = state.execution.selected_steps = list(selection.steps)
+            state.execution.selective_from = source.id if source else ""
+            for name in selection.reused if source else ():
+                state.restore(name, source.steps[name])
+                state.record(name).reused_from = source.id
+        folder = self.layout.execution(self.pipeline, state.execution.id)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / DEFINITION_FILE).write_text(json.dumps(self.definition, indent=2))
+        return self._execute(state, names)
+
+    def retry(self, execution: Execution) -> Execution:
+        """Run `execution` again in place (its id, record and this, the definition it ran): the steps that
+        succeeded keep their outputs, the others start again as a new attempt (a Train step resumes from its
+        checkpoints, which are keyed by the execution id)."""
+        state = ExecutionState(execution, self.graph, self.s3)
+        again = []
+        for name in self.graph.order:
+            record = execution.steps.get(name)
+            if record is None:  # not selected in a selective execution
+                continue
+            if record.status == "Succeeded":
+                state.restore(name, record)
+                continue
+            again.append(name)
+            record.attempts = record.attempts or int(bool(record.log))  # a record from before attempts were counted
+            record.status, record.reason, record.cached, record.properties = "Pending", "", False, {}
+            record.started = record.ended = ""
+            record.seconds = 0.0
+        execution.status, execution.failure_reason, execution.ended = "Executing", "", ""
+        execution.retries += 1
+        return self._execute(state, again)
+
+    def _execute(self, state: ExecutionState, names: list[str]) -> Execution:
         folder = self.layout.execution(self.pipeline, state.execution.id)
         self._save(state)
-        (folder / DEFINITION_FILE).write_text(json.dumps(self.definition, indent=2))
         try:
-            for name in self.graph.order:
+            for name in names:
                 self._run_step(state, name, folder / name)
                 self._save(state)
             state.finish()
@@ -169,7 +238,9 @@ class LocalRunner:
             record.status, record.reason = blocked
             return
         record.status, record.started = "Executing", now()
-        record.log = str(folder.parent / f"{name}.log")
+        record.attempts += 1
+        attempt = f".attempt-{record.attempts}" if record.attempts > 1 else ""  # each attempt keeps its log
+        record.log = str(folder.parent / f"{name}{attempt}.log")
         folder.mkdir(parents=True, exist_ok=True)
         self._save(state)
         executor = EXECUTORS.get(record.type)

@@ -14,6 +14,7 @@ from pipeline.code import step_module
 from pipeline.config import Config
 from pipeline.cost import ExecutionCost
 from pipeline.dag.parameters import ParameterError, as_request, resolve
+from pipeline.dag.selection import RERUN, Selection, check_retry, inherit, select
 from pipeline.errors import UserError
 from pipeline.records import Approval, Changes, StageView, VersionView, changes, run_summary
 from pipeline.sagemaker import executions, registry
@@ -58,6 +59,49 @@ class SageMakerBackend:
         self.check(parameters)
         arn = executions.start(self.aws, self.cfg.pipeline.name, as_request(parameters))
         return executions.wait(self.aws, arn, on_update, poll) if wait else executions.describe(self.aws, arn)
+
+    def _selection(
+        self, definition: dict, steps: list[str], source: str | None, parameters: dict[str, str]
+    ) -> tuple[Selection, str | None, dict[str, str]]:
+        """The checked selection, the source's ARN and the parameters of the run (the source's, overridden)."""
+        arn = self._arn(source) if source else None
+        origin, inherited = executions.source(self.aws, arn) if arn else (None, {})
+        chosen = select(definition, steps, origin, self.cfg.pipeline.name)
+        merged = inherit(definition, inherited, parameters)
+        resolve(definition, merged)
+        return chosen, arn, merged
+
+    def check_selection(self, steps: list[str], source: str | None, parameters: dict[str, str]) -> Selection:
+        return self._selection(json.loads(self.definition_text), steps, source, parameters)[0]
+
+    def start_selected(
+        self, steps: list[str], source: str | None, parameters: dict[str, str], *, wait: bool, use_cache: bool,
+        on_update: OnUpdate, poll: float = 30.0,
+    ) -> ExecutionView:
+        """A selective execution of the upserted pipeline (SelectiveExecutionConfig), checked first against the
+        definition the pipeline has now, which is the one it runs."""
+        if not use_cache:
+            raise ParameterError("--no-cache: SageMaker's step caching is part of the definition; a selected step "
+                                 "whose inputs are unchanged may be a cache hit")
+        name = self.cfg.pipeline.name
+        with explained(f"describe pipeline {name}"):
+            definition = self.aws.pipeline_definition(name)
+        if definition is None:
+            raise AwsError(f"pipeline {name} does not exist yet (run: trainium-pipeline upsert)")
+        chosen, arn, merged = self._selection(definition, steps, source, parameters)
+        started = executions.start(self.aws, name, as_request(merged), chosen.request(arn))
+        return executions.wait(self.aws, started, on_update, poll) if wait else executions.describe(self.aws, started)
+
+    def retry(self, execution: str | None, *, wait: bool, on_update: OnUpdate, poll: float = 30.0) -> ExecutionView:
+        """RetryPipelineExecution, refused first when the execution has not failed or when the code and config now
+        make another definition than the one it ran (a retry re-runs that one)."""
+        arn = self._arn(execution)
+        view = executions.describe(self.aws, arn, with_parameters=False)
+        rerun = [s.name for s in view.steps or [] if s.status in RERUN]
+        ran = executions.ran_definition(self.aws, arn)
+        check_retry(view.id, view.status, ran, json.loads(self.definition_text), rerun)
+        executions.retry(self.aws, arn)
+        return executions.wait(self.aws, arn, on_update, poll, view.status) if wait else view
 
     def _arn(self, execution: str | None) -> str:
         if execution and execution.startswith("arn:"):
