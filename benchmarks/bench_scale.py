@@ -150,9 +150,10 @@ def measure_evaluate(ev, quality, inference, model_dir: Path, test_rows: int, sa
     rows = table.take(pa.array(ev.stratified_sample(labels.astype(np.int64), sample, 42)))
     rates = {}
     for name, variant in (("fp32", model), ("int8", inference.quantize_int8(model))):
-        ev.predict(variant, rows.slice(0, 8), 64, 0)  # warm-up
+        forward = ev.torch_logits(variant)
+        ev.predict(forward, rows.slice(0, 8), 64, 0)  # warm-up
         start = time.perf_counter()
-        ev.predict(variant, rows, 64, 0)
+        ev.predict(forward, rows, 64, 0)
         rates[name] = len(rows) / (time.perf_counter() - start) / threads
     return {"test_rows": test_rows, "whole_split_seconds": whole, "sample_rows": len(rows),
             "fp32_rows_per_sec_per_core": rates["fp32"], "int8_rows_per_sec_per_core": rates["int8"]}

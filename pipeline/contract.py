@@ -51,6 +51,10 @@ PROPERTY_FILE = "EvaluationReport"
 SAMPLE_FILE = "endpoint_sample.jsonl"  # beside the report: labelled test rows as text, for the endpoint test
 ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
 QUANTIZE_PATH = "inference.quantize"
+RUNTIME_PATH = "inference.runtime"
+# Evaluate's serving artifact (the trained model plus the endpoint's chosen variant): what the registry registers
+SERVING_OUTPUT = "serving"
+SERVING_DIR = f"{PROCESSING}/serving"
 
 
 def report_accuracy(report: dict | None) -> float | None:

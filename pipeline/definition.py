@@ -159,12 +159,16 @@ class Steps(StepParts):
                     self.s3_input("model", train.properties.ModelArtifacts.S3ModelArtifacts, contract.MODEL_DIR),
                     self.s3_input("test", self.output(tokenize, "test"), contract.TEST_DIR),
                 ],
-                outputs=[self.s3_output(contract.EVALUATION_OUTPUT, contract.EVALUATION_DIR)],
+                outputs=[
+                    self.s3_output(contract.EVALUATION_OUTPUT, contract.EVALUATION_DIR),
+                    self.s3_output(contract.SERVING_OUTPUT, contract.SERVING_DIR),
+                ],
                 arguments=[
                     *arguments({
                         "--model-dir": contract.MODEL_DIR,
                         "--test-dir": contract.TEST_DIR,
                         "--output-dir": contract.EVALUATION_DIR,
+                        "--serving-dir": contract.SERVING_DIR,
                         "--sample-size": str(evaluation.sample_size),
                         "--min-agreement": str(evaluation.min_agreement),
                         "--seed": str(self.cfg.training.seed),
@@ -192,7 +196,8 @@ class Steps(StepParts):
             else_steps=[too_low],
         )
 
-    # 5. RegisterModel: a new version in the Model Registry, with the evaluation as its metrics.
+    # 5. RegisterModel: Evaluate's serving artifact (the model and its chosen variant) as a new version in the Model
+    # Registry, with the evaluation as its metrics.
     def register(self, train: TrainingStep, evaluate: ProcessingStep, report: PropertyFile) -> ModelStep:
         from sagemaker.core.model_metrics import MetricsSource, ModelMetrics
         from sagemaker.core.workflow import ExecutionVariables, Join
@@ -200,14 +205,15 @@ class Steps(StepParts):
         from sagemaker.serve.model_builder import ModelBuilder
 
         cfg = self.cfg
-        model_data = train.properties.ModelArtifacts.S3ModelArtifacts
+        model_data = Join(on="/", values=[self.output(evaluate, contract.SERVING_OUTPUT), contract.MODEL_ARCHIVE])
         evaluation_uri = Join(on="/", values=[self.output(evaluate, contract.EVALUATION_OUTPUT), contract.REPORT_FILE])
         environment = {
             "SAGEMAKER_PROGRAM": "inference.py",
             "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code",
             "SAGEMAKER_MODEL_SERVER_WORKERS": str(cfg.deploy.model_server_workers),
             "INFERENCE_MAX_TEXTS": str(cfg.deploy.max_texts),
-            # fp32 or int8, as the evaluation chose on the test split
+            # the variant the evaluation chose on the test split: runtime (torch / onnxruntime), fp32 or int8
+            "INFERENCE_RUNTIME": self.report_value(evaluate, report, contract.RUNTIME_PATH),
             "INFERENCE_QUANTIZE": self.report_value(evaluate, report, contract.QUANTIZE_PATH),
         }
         model = ModelBuilder(image_uri=cfg.image("inference"), s3_model_data_url=model_data,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 SAMPLE_FILE = "endpoint_sample.jsonl"
 Decoder = Callable[[Sequence[int]], str]
@@ -30,14 +31,17 @@ def decoder(model_folder: Path) -> Decoder | None:
                                                  clean_up_tokenization_spaces=True).split())
 
 
-def write(output_dir: Path, decode: Decoder | None, input_ids: Sequence[Sequence[int]], labels: Sequence[int],
+def write(output_dir: str | Path, model_folder: Path, rows: Any, labels: Sequence[int],
           predictions: Sequence[int]) -> Path | None:
-    """OUTPUT/endpoint_sample.jsonl from the sampled rows; None (nothing written) without a decoder."""
+    """OUTPUT/endpoint_sample.jsonl from the sampled rows (a table with the split's `input_ids`), decoded with the
+    tokenizer in `model_folder`; None (nothing written) when it has none."""
+    decode = decoder(model_folder)
     if decode is None:
         print(f"no tokenizer in the model artifact: {SAMPLE_FILE} not written (the endpoint test will fail)")
         return None
     path = Path(output_dir) / SAMPLE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as out:
-        for ids, label, prediction in zip(input_ids, labels, predictions, strict=True):
+        for ids, label, prediction in zip(rows["input_ids"].to_pylist(), labels, predictions, strict=True):
             out.write(json.dumps({"text": decode(ids), "label": int(label), "prediction": int(prediction)}) + "\n")
     return path

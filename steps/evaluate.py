@@ -13,9 +13,16 @@ weights. The share of sampled rows on which it agrees with the Train step's pred
 --min-agreement (bf16 on the accelerator may flip a row whose margin is near 0), else the step fails: predictions
 that are not this model's on this test split never reach the gate.
 
-Serving variant. The same sample is scored with the artifact's own `code/inference.py` int8 variant (every Linear
-layer dynamically quantized, as the endpoint does). The accuracy loss fp32 - int8 on the sample (paired rows) has
-a 95% interval; int8 is served only when the interval's upper end is within --int8-tolerance.
+Serving variant. The endpoint serves the fastest variant whose accuracy on the same sample stays within
+--int8-tolerance of fp32: the upper end of the 95% interval of the paired accuracy loss (fp32 - variant) must be at
+most the tolerance. Tried fastest first, each scored with the artifact's own code/inference.py (exactly what the
+endpoint runs): ONNX Runtime int8 (the graph exported, fused and quantized by serving.py), ONNX Runtime fp32 (fused),
+torch int8 (dynamically quantized Linear layers); else torch fp32. --no-int8 leaves out the int8 variants, --no-onnx
+the ONNX Runtime ones (also left out when onnxruntime or onnx is not installed).
+
+Serving artifact. SERVING/model.tar.gz is what the registry registers: the trained model plus, for an ONNX Runtime
+variant, its graph (onnx/model-<int8|fp32>.onnx) and a copy of the onnxruntime that scored it (code/packages/, used
+when the serving image has none); for a torch variant, the Train step's archive as it is.
 
 Output OUTPUT/evaluation.json, in the model quality format SageMaker Studio shows for a model version:
 
@@ -25,8 +32,11 @@ Output OUTPUT/evaluation.json, in the model quality format SageMaker Studio show
          "receiver_operating_characteristic_curve", "precision_recall_curve"},
      "dataset": {"rows", "positives", "predictions": "train step" | "this step (cpu)"},
      "check": {"sample_size", "agreement", "agreement_ci95", "min_agreement", "disagreements", "passed"},
-     "inference": {"quantize": "int8" | "none", "fp32_accuracy", "sample_fp32_accuracy", "int8_accuracy",
-                   "accuracy_loss", "accuracy_loss_ci95", "sample_size", "tolerance", "reason"},
+     "inference": {"runtime": "onnxruntime" | "torch", "quantize": "int8" | "none", "variant", "reason",
+                   "accuracy", "accuracy_loss", "accuracy_loss_ci95" (the chosen variant's, null for torch fp32),
+                   "candidates": [{"variant", "accuracy", "accuracy_loss", "accuracy_loss_ci95", "chosen"}],
+                   "fp32_accuracy", "sample_fp32_accuracy", "sample_size", "tolerance",
+                   "onnx": {"onnxruntime", "opset", "fused", "packages"} | null},
      "seconds": ...}
 
 Accuracy is computed by the `evaluate` library with the metric module shipped in metrics/accuracy/ (loaded by
@@ -39,6 +49,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -51,11 +62,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import quality
+import serving
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "accuracy"
 COLUMNS = ("input_ids", "token_type_ids", "label")
 PREDICTIONS_FILE = "predictions/test.parquet"
 REPORT_FILE = "evaluation.json"
+MODEL_ARCHIVE = "model.tar.gz"  # the serving artifact, in --serving-dir
+SERVING_DIR = "/opt/ml/processing/serving"
+VARIANTS = (("onnxruntime", "int8"), ("onnxruntime", "none"), ("torch", "int8"))  # the faster ones, fastest first
 
 
 class StepError(Exception):
@@ -159,10 +174,21 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     return arr.offsets.to_numpy().astype(np.int64), arr.values.to_numpy()
 
 
-def predict(model: Any, table: pa.Table, batch_size: int, pad_id: int) -> np.ndarray:
-    """Margin (logit positive - logit negative) per row, batching rows of similar length to keep padding small."""
+def torch_logits(model: Any) -> Any:
+    """A (input_ids, attention_mask, token_type_ids) -> logits function of a transformers model, numpy in and out."""
     import torch
 
+    def forward(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                         token_type_ids=torch.from_numpy(types)).logits.float().numpy()
+
+    return forward
+
+
+def predict(forward: Any, table: pa.Table, batch_size: int, pad_id: int) -> np.ndarray:
+    """Margin (logit positive - logit negative) per row, batching rows of similar length to keep padding small.
+    `forward(input_ids, attention_mask, token_type_ids)` gives the logits of a batch (int64 arrays in)."""
     offsets, ids = _flat(table["input_ids"])
     type_offsets, types = _flat(table["token_type_ids"])
     lengths = np.diff(offsets)
@@ -170,22 +196,17 @@ def predict(model: Any, table: pa.Table, batch_size: int, pad_id: int) -> np.nda
         raise StepError("token_type_ids and input_ids differ in length in some rows")
     order = np.argsort(lengths, kind="stable")
     margins = np.empty(len(lengths), np.float32)
-    with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            width = int(lengths[rows].max())
-            pos = np.arange(width)
-            mask = pos[None, :] < lengths[rows, None]
-            input_ids = np.full((len(rows), width), pad_id, np.int64)
-            input_ids[mask] = ids[(offsets[rows, None] + pos[None, :])[mask]]
-            token_types = np.zeros((len(rows), width), np.int64)
-            token_types[mask] = types[(type_offsets[rows, None] + pos[None, :])[mask]]
-            logits = model(
-                input_ids=torch.from_numpy(input_ids),
-                attention_mask=torch.from_numpy(mask.astype(np.int64)),
-                token_type_ids=torch.from_numpy(token_types),
-            ).logits.float()
-            margins[rows] = (logits[:, 1] - logits[:, 0]).numpy()
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        width = int(lengths[rows].max())
+        pos = np.arange(width)
+        mask = pos[None, :] < lengths[rows, None]
+        input_ids = np.full((len(rows), width), pad_id, np.int64)
+        input_ids[mask] = ids[(offsets[rows, None] + pos[None, :])[mask]]
+        token_types = np.zeros((len(rows), width), np.int64)
+        token_types[mask] = types[(type_offsets[rows, None] + pos[None, :])[mask]]
+        logits = np.asarray(forward(input_ids, mask.astype(np.int64), token_types), np.float32)
+        margins[rows] = logits[:, 1] - logits[:, 0]
     return margins
 
 
@@ -200,18 +221,6 @@ def stratified_sample(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
         take = round(size * len(rows) / len(labels))
         picked.append(rng.choice(rows, size=min(take, len(rows)), replace=False))
     return np.sort(np.concatenate(picked))
-
-
-def choose_variant(loss: float | None, upper: float | None, tolerance: float, note: str = "") -> dict[str, Any]:
-    """int8 only when it was measured and the upper end of its accuracy loss's 95% interval is within tolerance."""
-    if upper is None:
-        return {"quantize": "none", "reason": note or "int8 not evaluated"}
-    chosen = upper <= tolerance
-    return {
-        "quantize": "int8" if chosen else "none",
-        "reason": f"int8 loses {loss:.4f} accuracy on the sample (95% interval up to {upper:.4f}), "
-        f"{'within' if chosen else 'beyond'} the tolerance {tolerance:g}",
-    }
 
 
 def accuracy(predictions: np.ndarray, references: np.ndarray) -> float:
@@ -240,17 +249,52 @@ def check(fp32: np.ndarray, train_step: np.ndarray, min_agreement: float, seed: 
     }
 
 
-def serving_variant(
-    fp32_correct: np.ndarray, int8_correct: np.ndarray | None, tolerance: float, note: str
-) -> dict[str, Any]:
-    """The "inference" section: the int8 / fp32 choice and the sample accuracies behind it."""
-    section: dict[str, Any] = {"sample_size": len(fp32_correct), "sample_fp32_accuracy": float(fp32_correct.mean())}
-    if int8_correct is None:
-        return {**choose_variant(None, None, tolerance, note), **section, "int8_accuracy": None,
-                "accuracy_loss": None, "accuracy_loss_ci95": None, "tolerance": tolerance}
-    loss, low, high = quality.paired_difference(fp32_correct, int8_correct)
-    return {**choose_variant(loss, high, tolerance), **section, "int8_accuracy": float(int8_correct.mean()),
-            "accuracy_loss": loss, "accuracy_loss_ci95": [low, high], "tolerance": tolerance}
+def candidates(args: argparse.Namespace, handler: Any | None) -> tuple[list[tuple[str, str]], str]:
+    """The variants to try, fastest first, as (runtime, quantize); and why any were left out."""
+    if handler is None or not hasattr(handler, "load"):
+        return [], "the artifact has no code/inference.py that serves the faster variants"
+    missing = serving.unavailable() if args.onnx else "--no-onnx was given"
+    tried = [(r, q) for r, q in VARIANTS if (r == "torch" or not missing) and (q == "none" or args.int8)]
+    notes = [] if args.int8 else ["--no-int8 was given"]
+    return tried, "; ".join(notes + ([f"no ONNX Runtime variant: {missing}"] if missing else []))
+
+
+def choose(scored: list[dict[str, Any]], fp32_correct: np.ndarray, tolerance: float, notes: list[str]) -> dict:
+    """The "inference" section: the first scored variant within tolerance (else torch fp32), and why."""
+    chosen = next((c for c in scored if c["chosen"]), {"variant": "torch-fp32"})
+    runtime, bits = chosen["variant"].split("-")
+    reason = [f"{c['variant']} loses {c['accuracy_loss']:.4f} accuracy on the sample (95% interval up to "
+              f"{c['accuracy_loss_ci95'][1]:.4f}), {'within' if c['chosen'] else 'beyond'} the tolerance {tolerance:g}"
+              for c in scored]
+    return {"runtime": runtime, "quantize": "int8" if bits == "int8" else "none", "variant": chosen["variant"],
+            "reason": "; ".join(reason + notes) or "no variant to try",
+            **{k: chosen.get(k) for k in ("accuracy", "accuracy_loss", "accuracy_loss_ci95")},
+            "candidates": scored, "sample_size": len(fp32_correct),
+            "sample_fp32_accuracy": float(fp32_correct.mean()), "tolerance": tolerance}
+
+
+def score_variants(args: argparse.Namespace, handler: Any, root: Path, rows: pa.Table, positive: np.ndarray,
+                   fp32_correct: np.ndarray, pad_id: int) -> tuple[list[dict], dict | None, list[str]]:
+    """Score the candidates on the sample, fastest first, until one is within tolerance. Returns the scores, the
+    ONNX build's facts, and notes on the variants that could not be tried."""
+    tried, note = candidates(args, handler)
+    scored, onnx, notes = [], None, [note] if note else []
+    for runtime, quantize in tried:
+        try:
+            if runtime == "onnxruntime" and onnx is None:
+                onnx = {}  # stays empty if the build fails
+                onnx = serving.build(root)
+            classifier = handler.load(root, runtime, quantize)
+        except Exception as e:  # an architecture the exporter does not handle, an artifact without tokenizer.json..
+            notes.append(f"{runtime} {quantize} not tried: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        correct = (predict(classifier.forward, rows, classifier.micro_batch, pad_id) > 0) == positive  # as served
+        loss, low, high = quality.paired_difference(fp32_correct, correct)
+        scored.append({"variant": classifier.variant, "accuracy": float(correct.mean()), "accuracy_loss": loss,
+                       "accuracy_loss_ci95": [low, high], "chosen": high <= args.int8_tolerance})
+        if scored[-1]["chosen"]:
+            break
+    return scored, onnx or None, notes
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -259,48 +303,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     table = read_split(Path(args.test_dir))
     labels = table["label"].to_numpy().astype(np.int64)
     with tempfile.TemporaryDirectory() as scratch:
-        folder, where = find_model(Path(args.model_dir), Path(scratch))
+        folder, where = find_model(Path(args.model_dir), Path(scratch) / "model")
+        if where == Path(args.model_dir):  # a folder: build the serving variants in a copy, never in the input
+            folder = Path(shutil.copytree(folder, Path(scratch) / "model", dirs_exist_ok=True))
         model = load_model(folder, str(where))
         handler = serving_handler(folder)
         margins = read_predictions(folder, labels)
-        decode = endpoint_sample.decoder(folder)
-    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    source = "train step" if margins is not None else "this step (cpu)"
-    if margins is None:
-        margins = predict(model, table, args.batch_size, pad_id)
-    metrics = quality.binary_classification_metrics(labels, margins, args.seed)
-    metrics["accuracy"]["value"] = accuracy((margins > 0).astype(np.int64), labels)
+        pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        source, fp32_logits = "train step" if margins is not None else "this step (cpu)", torch_logits(model)
+        if margins is None:
+            margins = predict(fp32_logits, table, args.batch_size, pad_id)
+        metrics = quality.binary_classification_metrics(labels, margins, args.seed)
+        metrics["accuracy"]["value"] = accuracy((margins > 0).astype(np.int64), labels)
 
-    sample = stratified_sample(labels, args.sample_size, args.seed)
-    rows = table.take(pa.array(sample))
-    fp32 = predict(model, rows, args.batch_size, pad_id) if source == "train step" else margins[sample]
-    positive = labels[sample] == 1
-    int8_correct, note = None, "--no-int8 was given"
-    if args.int8 and handler is None:
-        note = "the artifact has no code/inference.py to quantize with"
-    elif args.int8:
-        int8_correct = (predict(handler.quantize_int8(model), rows, args.batch_size, pad_id) > 0) == positive
+        sample = stratified_sample(labels, args.sample_size, args.seed)
+        rows = table.take(pa.array(sample))
+        endpoint_sample.write(args.output_dir, folder, rows, labels[sample], margins[sample] > 0)  # endpoint test
+        fp32 = margins[sample] if source != "train step" else predict(fp32_logits, rows, args.batch_size, pad_id)
+        positive = labels[sample] == 1
+        checked = check(fp32, margins[sample], args.min_agreement, args.seed)
+        fp32_correct = (fp32 > 0) == positive
+        scored, onnx, notes = [], None, ["not tried: the CPU check failed"]
+        if checked["passed"]:
+            scored, onnx, notes = score_variants(args, handler, folder, rows, positive, fp32_correct, pad_id)
+        inference = choose(scored, fp32_correct, args.int8_tolerance, notes)
+        if checked["passed"]:
+            serving.write_artifact(folder, where if where.is_file() else None, inference, onnx,
+                                   Path(args.serving_dir) / MODEL_ARCHIVE)
     result = {
         "version": 0.0,
         "binary_classification_metrics": metrics,
         "dataset": {"rows": len(labels), "positives": int(labels.sum()), "predictions": source},
-        "check": check(fp32, margins[sample], args.min_agreement, args.seed),
-        "inference": {
-            **serving_variant((fp32 > 0) == positive, int8_correct, args.int8_tolerance, note),
-            "fp32_accuracy": metrics["accuracy"]["value"],
-        },
+        "check": checked,
+        "inference": {**inference, "fp32_accuracy": metrics["accuracy"]["value"], "onnx": onnx},
         "seconds": round(time.perf_counter() - t0, 3),
     }
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_FILE).write_text(json.dumps(result, indent=2) + "\n")
-    endpoint_sample.write(out, decode, rows["input_ids"].to_pylist(), labels[sample], margins[sample] > 0)
-    checked, chosen = result["check"], result["inference"]
     print(
         f"evaluated {len(labels)} rows (predictions: {source}) in {result['seconds']:.1f} s: "
         f"accuracy={metrics['accuracy']['value']:.4f} f1={metrics['f1']['value']:.4f} "
         f"auc={metrics['auc']['value']:.4f}; cpu check on {len(sample)} rows: agreement {checked['agreement']:.4f}; "
-        f"endpoint variant {chosen['quantize']} ({chosen['reason']})",
+        f"endpoint variant {inference['variant']} ({inference['reason']})",
         flush=True,
     )
     if not checked["passed"]:
@@ -318,15 +363,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", default="/opt/ml/processing/model")
     p.add_argument("--test-dir", default="/opt/ml/processing/test")
     p.add_argument("--output-dir", default="/opt/ml/processing/evaluation")
+    p.add_argument("--serving-dir", default=SERVING_DIR,
+                   help="where the serving artifact (model.tar.gz) is written")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--sample-size", type=int, default=4000, help="rows scored here on CPU (check and int8)")
+    p.add_argument("--sample-size", type=int, default=4000, help="rows scored here on CPU (check and variants)")
     p.add_argument("--min-agreement", type=float, default=0.99,
                    help="least share of sampled rows on which the CPU agrees with the Train step's predictions")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
-                   help="also score the int8 variant and choose the endpoint's variant (default on)")
+                   help="consider the int8 variants for the endpoint (default on)")
+    p.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
+                   help="consider the ONNX Runtime variants for the endpoint (default on)")
     p.add_argument("--int8-tolerance", type=float, default=0.005,
-                   help="largest accuracy loss (a fraction: 0.005 = 0.5 points) that still serves int8")
+                   help="largest accuracy loss (a fraction: 0.005 = 0.5 points) of a variant the endpoint serves")
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.sample_size < 1:
         p.error("--batch-size and --sample-size must be at least 1")

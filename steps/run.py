@@ -32,7 +32,10 @@ except ImportError:  # an image without packaging still has pip, which run.py ne
 HERE = Path(__file__).resolve().parent
 WHEELS = Path(os.environ.get("STEP_WHEELS_DIR", "/opt/ml/processing/input/wheels"))
 # the scripts a processing step may run (the other modules are their helpers) and the libraries each imports
-STEPS = {"preprocess": ("transformers", "pyarrow"), "evaluate": ("transformers", "datasets", "evaluate", "pyarrow")}
+STEPS = {
+    "preprocess": ("transformers", "pyarrow"),
+    "evaluate": ("transformers", "datasets", "evaluate", "pyarrow", "onnxruntime", "onnx"),  # onnx*: serving.py
+}
 HUB_SOURCE_NEEDS = ("datasets",)  # preprocess.py reads a Hub dataset with datasets.load_dataset
 
 

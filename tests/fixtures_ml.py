@@ -137,3 +137,9 @@ def add_serving_code(model_dir: Path) -> Path:
     (model_dir / "code").mkdir(exist_ok=True)
     (model_dir / "code" / "inference.py").write_bytes((ROOT / "training" / "inference.py").read_bytes())
     return model_dir
+
+
+def add_onnx_graphs(model_dir: Path) -> Path:
+    """Build onnx/model-fp32.onnx and onnx/model-int8.onnx in model_dir as the Evaluate step does (steps/serving.py)."""
+    load_step("serving").build(model_dir)
+    return model_dir

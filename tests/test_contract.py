@@ -21,6 +21,8 @@ COPIES = [  # (script, its constant, the contract's value)
     ("training/train.py", "PREDICTIONS_FILE", contract.PREDICTIONS_FILE),
     ("steps/evaluate.py", "PREDICTIONS_FILE", contract.PREDICTIONS_FILE),
     ("steps/evaluate.py", "REPORT_FILE", contract.REPORT_FILE),
+    ("steps/evaluate.py", "MODEL_ARCHIVE", contract.MODEL_ARCHIVE),
+    ("steps/evaluate.py", "SERVING_DIR", contract.SERVING_DIR),
     ("steps/preprocess.py", "SPLITS", contract.SPLITS),
     ("steps/deploy.py", "APPROVED", contract.APPROVED),
     ("steps/deploy.py", "MODEL_PACKAGE_EVENT", contract.MODEL_PACKAGE_EVENT),
@@ -54,7 +56,8 @@ def test_the_gate_reads_what_evaluate_writes():
     source = (ROOT / "steps" / "evaluate.py").read_text()
     first, second = contract.ACCURACY_PATH.split(".")[:2]
     assert f'"{first}"' in source and f'"{second}"' in source
-    assert contract.QUANTIZE_PATH.split(".")[0] in source
+    for path in (contract.QUANTIZE_PATH, contract.RUNTIME_PATH):  # the registered environment's JsonGet paths
+        assert all(f'"{key}"' in source for key in path.split(".")), path
 
 
 def test_train_argparse_defaults_equal_the_config_defaults():

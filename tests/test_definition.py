@@ -208,20 +208,22 @@ def test_register_and_deploy(steps):
     assert register["ModelApprovalStatus"] == {"Get": "Parameters.ModelApprovalStatus"}
     spec = register["InferenceSpecification"]
     assert spec["SupportedRealtimeInferenceInstanceTypes"] == ["ml.c5.xlarge"]
-    assert spec["Containers"][0]["ModelDataUrl"] == {"Get": "Steps.Train.ModelArtifacts.S3ModelArtifacts"}
+    assert spec["Containers"][0]["ModelDataUrl"] == {  # the serving artifact: the model and its chosen variant
+        "Std:Join": {"On": "/", "Values": [
+            {"Get": "Steps.Evaluate.ProcessingOutputConfig.Outputs['serving'].S3Output.S3Uri"}, "model.tar.gz"]}
+    }
     assert "huggingface-pytorch-inference" in spec["Containers"][0]["Image"]
     environment = spec["Containers"][0]["Environment"]
-    assert environment["INFERENCE_QUANTIZE"] == {  # the variant the evaluation chose on the test split
-        "Std:JsonGet": {
-            "Path": "inference.quantize",
-            "PropertyFile": {"Get": "Steps.Evaluate.PropertyFiles.EvaluationReport"},
+    for variable, path in (("INFERENCE_QUANTIZE", "inference.quantize"), ("INFERENCE_RUNTIME", "inference.runtime")):
+        assert environment[variable] == {  # the variant the evaluation chose on the test split
+            "Std:JsonGet": {"Path": path, "PropertyFile": {"Get": "Steps.Evaluate.PropertyFiles.EvaluationReport"}}
         }
-    }
     assert environment["SAGEMAKER_MODEL_SERVER_WORKERS"] == "2" and environment["INFERENCE_MAX_TEXTS"] == "256"
     assert environment["SAGEMAKER_PROGRAM"] == "inference.py"
     arguments = steps["Evaluate"]["Arguments"]["AppSpecification"]["ContainerArguments"]
     assert arguments[arguments.index("--int8-tolerance") + 1] == "0.005" and "--int8" in arguments
     assert arguments[arguments.index("--sample-size") + 1] == "4000"
+    assert arguments[arguments.index("--serving-dir") + 1] == "/opt/ml/processing/serving"
     assert arguments[arguments.index("--min-agreement") + 1] == "0.99"
     stats = register["ModelMetrics"]["ModelQuality"]["Statistics"]
     assert stats["S3Uri"]["Std:Join"]["Values"][-1] == "evaluation.json"

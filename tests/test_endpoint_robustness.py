@@ -1,16 +1,18 @@
-"""The local endpoint serving training/inference.py under fuzzing and concurrent load, over HTTP on 127.0.0.1."""
+"""The local endpoint serving training/inference.py under fuzzing and concurrent load, over HTTP on 127.0.0.1.
+
+The endpoint serves the variant the pipeline registers when the evaluation chooses it: ONNX Runtime int8, on the
+graph built as the Evaluate step builds it."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import random
-import shutil
 import threading
 from pathlib import Path
 
 import pytest
-from fixtures_ml import CORPUS, build_split_model, build_tokenizer
+from fixtures_ml import CORPUS, add_onnx_graphs, add_serving_code, build_split_model, build_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,12 +29,18 @@ ACCEPTS = ["application/json", "application/jsonlines", "*/*", "", "text/html", 
 def served(tmp_path_factory: pytest.TempPathFactory, no_network_module):
     root = tmp_path_factory.mktemp("robust")
     folder = build_split_model(root / "model", build_tokenizer(root / "tokenizer", TEXTS), TEXTS)
-    (folder / "code").mkdir()
-    shutil.copy(ROOT / "training" / "inference.py", folder / "code" / "inference.py")
+    add_onnx_graphs(add_serving_code(folder))
     endpoint = LocalEndpoint()
-    endpoint.start(folder, "robust", port=0)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("INFERENCE_RUNTIME", "onnxruntime")  # the registered environment of that variant
+        env.setenv("INFERENCE_QUANTIZE", "int8")
+        endpoint.start(folder, "robust", port=0)
     yield endpoint
     endpoint.stop()
+
+
+def test_the_served_variant_is_onnxruntime_int8(served: LocalEndpoint) -> None:
+    assert served.model.model.variant == "onnxruntime-int8"
 
 
 def post(port: int, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
@@ -86,7 +94,7 @@ def test_concurrent_clients_each_get_their_own_answers(served: LocalEndpoint) ->
     """8 clients x 12 requests of random texts in random order: no errors, every answer matches its request."""
     status, _, answer = post(served.port, json.dumps({"inputs": TEXTS}).encode(), {"Content-Type": "application/json"})
     truth = {text: item for text, item in zip(TEXTS, json.loads(answer), strict=True)}
-    tolerance = 2e-3  # float noise of other paddings, amplified by the fixture's sharp classifier
+    tolerance = 1e-6  # int8 runs one text per forward pass: a text's answer is the same in any request
     signed = {t: item["score"] * (1 if item["label"] == "positive" else -1) for t, item in truth.items()}
     # only texts whose answer no other text's comes close to: a mix-up cannot hide behind the tolerance
     pool = [t for t in TEXTS if all(abs(signed[t] - signed[u]) > 2 * tolerance for u in TEXTS if u != t)]

@@ -5,7 +5,6 @@ endpoint, the same model answers exactly those predictions: the test's accuracy 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import boto3
@@ -70,6 +69,6 @@ def test_the_served_model_answers_the_evaluations_predictions_on_the_sample(eval
 def test_no_tokenizer_no_sample(tmp_path, capsys):
     endpoint_sample = load_step("endpoint_sample")
     assert endpoint_sample.decoder(tmp_path) is None
-    assert endpoint_sample.write(tmp_path, None, [[2, 3]], [1], [1]) is None
+    assert endpoint_sample.write(tmp_path / "out", tmp_path, {"input_ids": None}, [1], [1]) is None
     assert "endpoint_sample.jsonl not written" in capsys.readouterr().out
-    assert not os.listdir(tmp_path)
+    assert not (tmp_path / "out").exists()

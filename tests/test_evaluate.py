@@ -72,7 +72,12 @@ def random_rows(n: int, seed: int = 0, labels: list[int] | None = None) -> list[
 
 
 def save_copy(model, model_dir: Path, dest: Path) -> Path:
+    """The model saved with model_dir's tokenizer and the serving code, as train.py saves an artifact."""
+    import shutil
+
     model.save_pretrained(str(dest))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, dest / name)
     return add_serving_code(dest)
 
 
@@ -128,9 +133,11 @@ def write_predictions(model_dir: Path, rows: list[Row], margins: np.ndarray) -> 
     return model_dir
 
 
-def evaluate(model: Path, test: Path, out: Path, *extra: str, batch_size: int = 3) -> dict:
+def evaluate(model: Path, test: Path, out: Path, *extra: str, batch_size: int = 3, onnx: bool = False) -> dict:
+    """The step on these inputs; the ONNX Runtime variants (an export each time) only when asked for."""
     argv = ["--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(out),
-            "--batch-size", str(batch_size), *extra]
+            "--serving-dir", str(out / "serving"), "--batch-size", str(batch_size), *extra]
+    argv += [] if onnx else ["--no-onnx"]
     assert ev.main(argv) == 0
     return json.loads((out / "evaluation.json").read_text())
 
@@ -141,7 +148,8 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     test = write_split(tmp_path / "test", rows)
     model_dir = split_at_median(model_dir, tmp_path / "model", rows)
     cmd = [sys.executable, str(STEPS / "evaluate.py"), "--model-dir", str(tarball(model_dir, tmp_path / "m")),
-           "--test-dir", str(test), "--output-dir", str(tmp_path / "eval"), "--batch-size", "8"]
+           "--test-dir", str(test), "--output-dir", str(tmp_path / "eval"), "--serving-dir", str(tmp_path / "serving"),
+           "--batch-size", "8"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
@@ -170,10 +178,14 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     inference = result["inference"]
     assert inference["fp32_accuracy"] == metrics["accuracy"]["value"] == inference["sample_fp32_accuracy"]
     assert inference["sample_size"] == 40 and inference["tolerance"] == 0.005
-    low, high = inference["accuracy_loss_ci95"]
-    assert low <= inference["accuracy_loss"] <= high
-    assert inference["quantize"] == ("int8" if high <= 0.005 else "none")
+    tried = inference["candidates"]  # fastest first, until one is within the tolerance
+    assert [c["variant"] for c in tried] == ["onnxruntime-int8", "onnxruntime-fp32", "torch-int8"][: len(tried)]
+    for candidate in tried:
+        low, high = candidate["accuracy_loss_ci95"]
+        assert low <= candidate["accuracy_loss"] <= high and candidate["chosen"] == (high <= 0.005)
+    assert inference["variant"] == next((c["variant"] for c in tried if c["chosen"]), "torch-fp32")
     assert result["check"]["passed"] and result["check"]["agreement"] == 1.0
+    assert (tmp_path / "serving" / "model.tar.gz").is_file()
 
 
 def test_whole_split_metrics_come_from_the_train_steps_predictions(model_dir: Path, tmp_path: Path) -> None:
@@ -211,13 +223,12 @@ def test_predictions_of_another_model_fail_the_check(model_dir: Path, tmp_path: 
     assert "does not match the test split (30 rows" in capsys.readouterr().err
 
 
-def test_int8_accuracy_is_that_of_the_quantized_model(model_dir: Path, tmp_path: Path) -> None:
-    """Batch size 1, so that no padding enters the per-batch activation scales of dynamic quantization."""
+def test_torch_int8_accuracy_is_that_of_the_quantized_model(model_dir: Path, tmp_path: Path) -> None:
     import torch
 
     rows = random_rows(40, seed=3)
     model_dir = split_at_median(model_dir, tmp_path / "model", rows)
-    result = evaluate(model_dir, write_split(tmp_path / "test", rows), tmp_path / "eval", batch_size=1)
+    result = evaluate(model_dir, write_split(tmp_path / "test", rows), tmp_path / "eval", "--int8-tolerance", "1")
     handler = ev.serving_handler(model_dir)
     from transformers import AutoModelForSequenceClassification
 
@@ -225,30 +236,106 @@ def test_int8_accuracy_is_that_of_the_quantized_model(model_dir: Path, tmp_path:
     assert sum(isinstance(m, torch.nn.Linear) for m in int8.modules()) == 0, "every Linear layer is quantized"
     labels = np.array([r[2] for r in rows]) == 1
     fp32_correct = (row_by_row(model_dir, rows) > 0) == labels
-    int8_correct = (row_by_row(model_dir, rows, quantize=True) > 0) == labels
+    int8_correct = (row_by_row(model_dir, rows, quantize=True) > 0) == labels  # one row at a time, as served
+    inference = result["inference"]
     assert result["binary_classification_metrics"]["accuracy"]["value"] == pytest.approx(fp32_correct.mean())
-    assert result["inference"]["int8_accuracy"] == pytest.approx(int8_correct.mean(), abs=1e-12)
-    assert result["inference"]["accuracy_loss"] == pytest.approx(fp32_correct.mean() - int8_correct.mean())
+    assert inference["variant"] == "torch-int8" and inference["runtime"] == "torch" and inference["quantize"] == "int8"
+    assert inference["accuracy"] == pytest.approx(int8_correct.mean(), abs=1e-12)
+    assert inference["accuracy_loss"] == pytest.approx(fp32_correct.mean() - int8_correct.mean())
+    assert "no ONNX Runtime variant: --no-onnx was given" in inference["reason"] and inference["onnx"] is None
 
 
-@pytest.mark.parametrize(
-    ("loss", "upper", "tolerance", "chosen"),
-    [(0.0, 0.004, 0.005, "int8"), (0.002, 0.005, 0.005, "int8"), (0.001, 0.0051, 0.005, "none"),
-     (-0.01, -0.001, 0.0, "int8"), (0.0, 0.0001, 0.0, "none"), (None, None, 0.005, "none")],
-)
-def test_int8_is_served_only_when_its_loss_interval_is_within_the_tolerance(
-    loss: float | None, upper: float | None, tolerance: float, chosen: str
-) -> None:
-    section = ev.choose_variant(loss, upper, tolerance, "--no-int8 was given")
-    assert section["quantize"] == chosen
-    assert ("--no-int8" in section["reason"]) == (upper is None)
+def onnx_row_by_row(graph: Path, rows: list[Row]) -> np.ndarray:
+    """Margins of an ONNX graph, one row at a time, in a session made here."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    margins = []
+    for ids, types, _ in rows:
+        given = {"input_ids": [ids], "attention_mask": [[1] * len(ids)], "token_type_ids": [types]}
+        feed = {i.name: np.array(given[i.name], np.int32 if "int32" in i.type else np.int64)
+                for i in session.get_inputs()}
+        logits = session.run(None, feed)[0][0]
+        margins.append(float(logits[1] - logits[0]))
+    return np.array(margins)
 
 
-def test_no_int8_serves_fp32_and_scores_once(model_dir: Path, tmp_path: Path) -> None:
+def test_the_onnxruntime_int8_variant_is_scored_and_shipped(model_dir: Path, tmp_path: Path) -> None:
+    """Tolerance 1: the fastest variant is served; its accuracy is its graph's, row by row; the serving archive is
+    the Train step's plus that graph and the runtime."""
+    import onnxruntime
+
+    rows = random_rows(40, seed=3)
+    model = split_at_median(model_dir, tmp_path / "model", rows)
+    archive = tarball(model, tmp_path / "input")
+    result = evaluate(archive, write_split(tmp_path / "test", rows), tmp_path / "eval", "--int8-tolerance", "1",
+                      onnx=True)
+    inference = result["inference"]
+    assert inference["variant"] == "onnxruntime-int8" and len(inference["candidates"]) == 1
+    assert (inference["runtime"], inference["quantize"]) == ("onnxruntime", "int8")
+    assert inference["onnx"]["onnxruntime"] == onnxruntime.__version__ and inference["onnx"]["fused"]["Attention"] == 2
+    assert inference["onnx"]["packages"]["onnxruntime"] == onnxruntime.__version__
+
+    served = tmp_path / "served"
+    with tarfile.open(tmp_path / "eval" / "serving" / "model.tar.gz") as tar:
+        names = set(tar.getnames())
+        tar.extractall(served, filter="data")
+    with tarfile.open(archive / "model.tar.gz") as tar:
+        assert {m.name for m in tar.getmembers() if m.isfile()} <= names  # every file the Train step shipped
+    assert {"onnx/model-int8.onnx", "code/packages/onnxruntime/__init__.py"} <= names
+    assert "onnx/model-fp32.onnx" not in names and not any("__pycache__" in n for n in names)
+    labels = np.array([r[2] for r in rows]) == 1
+    int8_correct = (onnx_row_by_row(served / "onnx" / "model-int8.onnx", rows) > 0) == labels
+    assert inference["accuracy"] == pytest.approx(int8_correct.mean(), abs=1e-12)
+
+
+def test_no_variant_within_tolerance_serves_the_train_steps_archive(model_dir: Path, tmp_path: Path) -> None:
+    """Tolerance 0 and 40 rows: no interval can be within it; every variant is scored, torch fp32 is served, and the
+    serving archive is the input archive, byte for byte."""
+    rows = random_rows(40, seed=3)
+    archive = tarball(split_at_median(model_dir, tmp_path / "model", rows), tmp_path / "input")
+    result = evaluate(archive, write_split(tmp_path / "test", rows), tmp_path / "eval", "--int8-tolerance", "0",
+                      onnx=True)
+    inference = result["inference"]
+    assert [c["variant"] for c in inference["candidates"]] == ["onnxruntime-int8", "onnxruntime-fp32", "torch-int8"]
+    assert not any(c["chosen"] for c in inference["candidates"]) and inference["variant"] == "torch-fp32"
+    assert inference["accuracy"] is None and "beyond the tolerance 0" in inference["reason"]
+    served = (tmp_path / "eval" / "serving" / "model.tar.gz").read_bytes()
+    assert served == (archive / "model.tar.gz").read_bytes()
+
+
+def test_a_folder_input_is_never_written_and_is_packed_without_graphs(model_dir: Path, tmp_path: Path) -> None:
+    model = save_copy(__import__("transformers").AutoModelForSequenceClassification.from_pretrained(str(model_dir)),
+                      model_dir, tmp_path / "model")
+    before = sorted(p.relative_to(model).as_posix() for p in model.rglob("*"))
+    evaluate(model, write_split(tmp_path / "test", random_rows(12, seed=9)), tmp_path / "eval", "--int8-tolerance", "0",
+             onnx=True)
+    assert sorted(p.relative_to(model).as_posix() for p in model.rglob("*")) == before
+    with tarfile.open(tmp_path / "eval" / "serving" / "model.tar.gz") as tar:
+        assert sorted(tar.getnames()) == sorted(n for n in before if (model / n).is_file())
+
+
+def test_a_failed_export_leaves_the_torch_variants(model_dir: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(root: Path) -> dict:
+        raise RuntimeError("unsupported operator aten::frobnicate")
+
+    monkeypatch.setattr(ev.serving, "build", fails)
+    result = evaluate(model_dir, write_split(tmp_path / "test", random_rows(12, seed=9)), tmp_path / "eval",
+                      "--int8-tolerance", "1", onnx=True)
+    inference = result["inference"]
+    assert inference["variant"] == "torch-int8" and inference["onnx"] is None
+    assert "onnxruntime int8 not tried: RuntimeError: unsupported operator aten::frobnicate" in inference["reason"]
+
+
+def test_no_int8_and_no_onnx_serve_torch_fp32_and_score_once(model_dir: Path, tmp_path: Path) -> None:
     test = write_split(tmp_path / "test", random_rows(12, seed=9))
     result = evaluate(model_dir, test, tmp_path / "out", "--no-int8")
-    assert result["inference"]["quantize"] == "none" and result["inference"]["int8_accuracy"] is None
-    assert "--no-int8" in result["inference"]["reason"]
+    inference = result["inference"]
+    assert inference["variant"] == "torch-fp32" and inference["candidates"] == []
+    assert "--no-int8" in inference["reason"] and "--no-onnx" in inference["reason"]
+    fp32_only = evaluate(model_dir, test, tmp_path / "fp32", "--no-int8", "--int8-tolerance", "1", onnx=True)
+    assert fp32_only["inference"]["variant"] == "onnxruntime-fp32" and fp32_only["inference"]["quantize"] == "none"
 
 
 def test_an_artifact_without_serving_code_serves_fp32(model_dir: Path, tmp_path: Path) -> None:
@@ -257,7 +344,7 @@ def test_an_artifact_without_serving_code_serves_fp32(model_dir: Path, tmp_path:
     bare = tmp_path / "bare"
     shutil.copytree(model_dir, bare, ignore=shutil.ignore_patterns("code"))
     result = evaluate(bare, write_split(tmp_path / "test", random_rows(8, seed=2)), tmp_path / "out")
-    assert result["inference"]["quantize"] == "none" and "code/inference.py" in result["inference"]["reason"]
+    assert result["inference"]["variant"] == "torch-fp32" and "code/inference.py" in result["inference"]["reason"]
 
 
 @pytest.mark.parametrize("label", [1, 0])

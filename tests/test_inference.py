@@ -1,14 +1,20 @@
-"""training/inference.py: every input form, every documented error, truncation, int8, threads, order."""
+"""training/inference.py: every input form, every documented error, truncation, every variant (torch and ONNX
+Runtime, fp32 and int8), the fallback to torch fp32, threads, order."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from fixtures_ml import CORPUS, build_split_model, build_tokenizer
+from fixtures_ml import CORPUS, add_onnx_graphs, add_serving_code, build_split_model, build_tokenizer, load_step
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = CORPUS + ["great", "terrible zippers", "the battery broke after a week of great sound"]
@@ -33,14 +39,31 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("INFERENCE_QUANTIZE", "INFERENCE_MAX_TEXTS", "INFERENCE_MAX_LENGTH", "INFERENCE_MICRO_BATCH",
-                "INFERENCE_THREADS", "SAGEMAKER_MODEL_SERVER_WORKERS"):
+    for var in ("INFERENCE_RUNTIME", "INFERENCE_QUANTIZE", "INFERENCE_MAX_TEXTS", "INFERENCE_MAX_LENGTH",
+                "INFERENCE_MICRO_BATCH", "INFERENCE_THREADS", "SAGEMAKER_MODEL_SERVER_WORKERS"):
         monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture(scope="module")
-def fp32(model_dir: Path):
-    return h.model_fn(str(model_dir))
+def graphs(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the model with the ONNX graphs the Evaluate step builds."""
+    return add_onnx_graphs(add_serving_code(Path(shutil.copytree(model_dir, tmp_path_factory.mktemp("g") / "m"))))
+
+
+@pytest.fixture(scope="module")
+def variants(graphs: Path) -> dict:
+    return {name: h.load(graphs, *name.split("/")) for name in ("torch/none", "onnxruntime/none", "onnxruntime/int8")}
+
+
+@pytest.fixture(scope="module", params=["torch/none", "onnxruntime/none"])
+def fp32(request: pytest.FixtureRequest, variants: dict):
+    """Each fp32 variant: the same answers as transformers, within float noise."""
+    return variants[request.param]
+
+
+@pytest.fixture(scope="module", params=["torch/none", "onnxruntime/none", "onnxruntime/int8"])
+def served(request: pytest.FixtureRequest, variants: dict):
+    return variants[request.param]
 
 
 def reference(model_dir: Path, texts: list[str], max_length: int = 128, int8: bool = False) -> list[tuple[str, float]]:
@@ -134,20 +157,20 @@ def test_jsonlines_on_request(fp32) -> None:
         ("great", "text/plain; charset=klingon", 415, "UnsupportedCharset"),
     ],
 )
-def test_bad_input_is_a_documented_4xx(fp32, body: str, content_type: str, status: int, error: str) -> None:
+def test_bad_input_is_a_documented_4xx(served, body: str, content_type: str, status: int, error: str) -> None:
     with pytest.raises(h.InferenceError) as raised:
-        call(fp32, body, content_type)
+        call(served, body, content_type)
     assert (raised.value.status, raised.value.error) == (status, error)
     message = json.loads(str(raised.value))  # the container's 400 carries this message
     assert message["error"] == error and message["detail"]
 
 
-def test_invalid_utf8_and_unsupported_accept(fp32) -> None:
+def test_invalid_utf8_and_unsupported_accept(served) -> None:
     with pytest.raises(h.InferenceError) as raised:
         h.input_fn(bytearray(b'{"inputs": "\xff"}'), "application/json; charset=utf-8")
     assert (raised.value.status, raised.value.error) == (400, "InvalidEncoding")
     with pytest.raises(h.InferenceError) as raised:
-        call(fp32, json.dumps("great"), accept="text/html")
+        call(served, json.dumps("great"), accept="text/html")
     assert (raised.value.status, raised.value.error) == (406, "UnsupportedAccept")
 
 
@@ -178,8 +201,9 @@ def test_long_texts_are_truncated_and_say_so(fp32, model_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("cut_at", [50, 128, 200])
-def test_cutting_long_texts_never_changes_their_tokens(fp32, cut_at: int) -> None:
-    backend = fp32.tokenizer.backend_tokenizer
+def test_cutting_long_texts_never_changes_their_tokens(variants: dict, cut_at: int) -> None:
+    fp32 = variants["torch/none"]
+    backend = fp32.tokenizer
     samples = [
         " ".join(TEXTS * 50),
         "!?" * 5000,
@@ -214,7 +238,7 @@ def test_int8_variant_and_settings_from_the_environment(model_dir: Path, monkeyp
     monkeypatch.setenv("INFERENCE_MAX_LENGTH", "16")
     monkeypatch.setenv("INFERENCE_THREADS", "1")
     int8 = h.model_fn(str(model_dir))
-    assert int8.quantized and not any(isinstance(m, torch.nn.Linear) for m in int8.model.modules())
+    assert int8.variant == "torch-int8" and not any(isinstance(m, torch.nn.Linear) for m in int8.model.modules())
     assert int8.max_length == 16 and torch.get_num_threads() == 1
     for text in TEXTS[:4]:  # one text per request: no padding in the per-batch activation scale
         (answer,) = json.loads(call(int8, json.dumps(text)))
@@ -222,8 +246,13 @@ def test_int8_variant_and_settings_from_the_environment(model_dir: Path, monkeyp
         assert answer["label"] == label and answer["score"] == pytest.approx(score, abs=1e-5)
 
     monkeypatch.setenv("INFERENCE_QUANTIZE", "fp16")
-    with pytest.raises(ValueError, match="INFERENCE_QUANTIZE='fp16': expected int8 or none"):
+    with pytest.raises(ValueError, match="INFERENCE_QUANTIZE='fp16': expected none or int8"):
         h.model_fn(str(model_dir))
+    monkeypatch.setenv("INFERENCE_QUANTIZE", "none")
+    monkeypatch.setenv("INFERENCE_RUNTIME", "tensorrt")
+    with pytest.raises(ValueError, match="INFERENCE_RUNTIME='tensorrt': expected torch or onnxruntime"):
+        h.model_fn(str(model_dir))
+    monkeypatch.delenv("INFERENCE_RUNTIME")
     monkeypatch.setenv("INFERENCE_QUANTIZE", "none")
     monkeypatch.setenv("INFERENCE_MAX_TEXTS", "zero")
     with pytest.raises(ValueError, match="INFERENCE_MAX_TEXTS='zero': expected an integer >= 1"):
@@ -239,3 +268,114 @@ def test_threads_share_the_cpus_among_model_server_workers(monkeypatch: pytest.M
     assert h.cpu_threads() == 1
     monkeypatch.setenv("INFERENCE_THREADS", "3")
     assert h.cpu_threads() == 3
+
+
+def graph_answer(session, tokenizer, labels: tuple[str, ...], text: str) -> tuple[str, float]:
+    """A text alone through an ONNX Runtime session made here with default options."""
+    ids = np.array([tokenizer.encode(text).ids])
+    given = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    feed = {i.name: given[i.name].astype(np.int32 if "int32" in i.type else np.int64) for i in session.get_inputs()}
+    logits = session.run(None, feed)[0][0].astype(np.float64)
+    probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    return labels[int(probs.argmax())], float(probs.max())
+
+
+def test_onnx_variants_are_fused_quantized_and_answer_each_text_as_alone(variants: dict, graphs: Path) -> None:
+    import onnx
+    import onnxruntime as ort
+
+    ops = {q: {n.op_type for n in onnx.load(str(h.onnx_path(graphs, q))).graph.node} for q in ("none", "int8")}
+    assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization"} <= ops["none"]
+    assert {"QAttention", "QEmbedLayerNormalization", "MatMulInteger"} <= ops["int8"] and "MatMul" not in ops["int8"]
+    int8 = variants["onnxruntime/int8"]
+    assert int8.micro_batch == 1  # activation scales per batch: one text at a time
+    session = ort.InferenceSession(str(h.onnx_path(graphs, "int8")), providers=["CPUExecutionProvider"])
+    expected = [graph_answer(session, int8.tokenizer, int8.labels, text) for text in TEXTS]
+    together = json.loads(call(int8, json.dumps({"inputs": TEXTS})))
+    assert [a["label"] for a in together] == [label for label, _ in expected]
+    assert [a["score"] for a in together] == pytest.approx([score for _, score in expected], abs=1e-5)
+    for text, answer in zip(TEXTS, together, strict=True):  # the same answer alone as among other texts
+        assert json.loads(call(int8, json.dumps(text))) == [answer]
+
+
+def test_the_onnxruntime_variant_from_the_environment(graphs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERENCE_RUNTIME", "onnxruntime")
+    monkeypatch.setenv("INFERENCE_THREADS", "1")
+    monkeypatch.setenv("INFERENCE_MICRO_BATCH", "3")
+    served = h.model_fn(str(graphs))
+    assert served.variant == "onnxruntime-fp32" and served.micro_batch == 3
+    assert served.model.get_session_options().intra_op_num_threads == 1
+    texts = [TEXTS[i % len(TEXTS)] * (1 + i % 3) for i in range(11)]
+    answer = json.loads(call(served, json.dumps(texts)))
+    expected = reference(graphs, texts)
+    assert [a["label"] for a in answer] == [label for label, _ in expected]
+    assert [a["score"] for a in answer] == pytest.approx([score for _, score in expected], abs=2e-4)
+
+
+def test_a_variant_that_cannot_run_here_falls_back_to_torch_fp32_and_says_so(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("INFERENCE_RUNTIME", "onnxruntime")
+    monkeypatch.setenv("INFERENCE_QUANTIZE", "int8")
+    with caplog.at_level(logging.INFO, logger=h.LOG.name):
+        fallback = h.model_fn(str(model_dir))  # an artifact without onnx/
+    assert fallback.variant == "torch-fp32"
+    assert "the artifact has no onnx/model-int8.onnx" in caplog.text and "serving torch fp32" in caplog.text
+    assert labels(call(fallback, json.dumps(TEXTS))) == [label for label, _ in reference(model_dir, TEXTS)]
+
+
+# An image without onnxruntime: importing it fails unless the artifact's code/packages/ is on sys.path (where it is
+# then found); find_spec still answers, as transformers' availability probes need.
+WITHOUT_ONNXRUNTIME = """
+import importlib.abc, importlib.machinery, importlib.util, json, os, sys
+class Missing(importlib.abc.Loader):
+    def create_module(self, spec):
+        raise ModuleNotFoundError(f"No module named {spec.name!r}", name=spec.name)
+    def exec_module(self, module):
+        pass
+class Image(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] != "onnxruntime":
+            return None
+        vendored = [p for p in sys.path if p.endswith(os.path.join("code", "packages"))]
+        spec = importlib.machinery.PathFinder.find_spec(name, path or vendored) if vendored else None
+        return spec or importlib.util.spec_from_loader(name, Missing())
+sys.meta_path.insert(0, Image())
+sys.path.insert(0, os.path.join(sys.argv[1], "code"))
+import inference
+model = inference.model_fn(sys.argv[1])
+answer = inference.output_fn(inference.predict_fn(inference.input_fn('["great", "awful"]', "application/json"),
+                                                  model), "application/json")
+print(json.dumps({"variant": model.variant, "answer": json.loads(answer),
+                  "onnxruntime": getattr(sys.modules.get("onnxruntime"), "__file__", None)}))
+"""
+
+
+def serve_without_onnxruntime(model: Path) -> tuple[dict, str]:
+    env = {**os.environ, "INFERENCE_RUNTIME": "onnxruntime", "INFERENCE_QUANTIZE": "int8", "INFERENCE_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_ONNXRUNTIME, str(model)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
+
+
+def test_an_image_without_onnxruntime_uses_the_copy_in_the_artifact(graphs: Path, tmp_path: Path) -> None:
+    import onnxruntime
+
+    serving = load_step("serving")
+    model = Path(shutil.copytree(graphs, tmp_path / "model"))
+    served, _ = serve_without_onnxruntime(model)
+    assert served["variant"] == "torch-fp32" and served["onnxruntime"] is None  # no copy: torch fp32
+
+    assert serving.vendor_runtime(model)["onnxruntime"] == onnxruntime.__version__
+    served, log = serve_without_onnxruntime(model)
+    assert served["variant"] == "onnxruntime-int8", log
+    assert served["onnxruntime"].startswith(str(model / "code" / "packages" / "onnxruntime"))
+    assert [a["label"] for a in served["answer"]] == labels(call(h.load(graphs, "onnxruntime", "int8"),
+                                                                 json.dumps(["great", "awful"])))
+
+    shutil.rmtree(model / "code" / "packages" / "onnxruntime")  # a copy built for another Python
+    (model / "code" / "packages" / "onnxruntime").mkdir()
+    (model / "code" / "packages" / "onnxruntime" / "__init__.py").write_text("raise ImportError('cpython-399')\n")
+    served, log = serve_without_onnxruntime(model)
+    assert served["variant"] == "torch-fp32" and "does not load here" in log and "cpython-399" in log

@@ -112,6 +112,8 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     # the endpoint serves the variant the evaluation chose, through the model's environment
     assert report["inference"]["quantize"] in ("int8", "none")
     assert version.environment["INFERENCE_QUANTIZE"] == report["inference"]["quantize"]
+    assert version.environment["INFERENCE_RUNTIME"] == report["inference"]["runtime"]
+    assert version.model_data.endswith("/serving/model.tar.gz")  # Evaluate's serving artifact
     assert version.environment["INFERENCE_MAX_TEXTS"] == "256"
 
     # The Deploy step: staging, the endpoint test on Evaluate's labelled sample, then (auto-promote) production.

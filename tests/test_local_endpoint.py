@@ -291,3 +291,23 @@ def test_background_process_outlives_its_starter_and_is_replaced(models: dict, t
 def test_a_failing_background_start_reports_the_log(tmp_path: Path, no_network):
     with pytest.raises(RuntimeError, match="exited with code 1 before serving"):
         start_background(tmp_path / "missing.tar.gz", "broken", port=0, state_file=tmp_path / "endpoint.json")
+
+
+def test_code_requirements_are_named_not_installed(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """The container pip-installs code/requirements.txt; locally this Python's packages serve, and the log names
+    what the file asks for (a file of comments only, like the one train.py ships, asks for nothing)."""
+    folder = tmp_path / "model"
+    (folder / "code").mkdir(parents=True)
+    (folder / "code" / "inference.py").write_text(
+        "def model_fn(model_dir):\n    return 1\n\n"
+        "def transform_fn(model, data, content_type, accept):\n    return data\n")
+    caplog.set_level(logging.WARNING, logger="pipeline.local.endpoint")
+    cases = (("# nothing to install\n\n", None), ("# pinned\nsomepackage==1.0  # why\n", "somepackage==1.0"))
+    for text, named in cases:
+        caplog.clear()
+        (folder / "code" / "requirements.txt").write_text(text)
+        with LocalEndpoint() as served:
+            served.start(folder, "requirements", port=0)
+        warned = [r.getMessage() for r in caplog.records if "requirements.txt" in r.getMessage()]
+        assert warned == ([f"endpoint requirements: code/requirements.txt is not installed locally: {named}"]
+                          if named else [])

@@ -16,31 +16,50 @@ Bad input raises ``InferenceError``: its message is the JSON ``{"error": CODE, "
 the HTTP status (400, 406, 413, 415). The container answers any handler exception with 400 and the message; the
 local endpoint uses ``status``. Nothing about a request can break the loaded model.
 
-Speed: texts are tokenized without padding, sorted by length and run in micro-batches padded only to their own
-longest text, under ``torch.inference_mode`` with intra-op threads set to the instance's CPUs divided by the model
-server's workers. With ``INFERENCE_QUANTIZE=int8`` the Linear layers run as int8 (dynamic quantization); the
-pipeline sets it only when the evaluation measured int8 within tolerance of fp32 on the test split.
+Variants, named by the environment the pipeline registers (the evaluation's choice on the test split):
+INFERENCE_RUNTIME=torch (default) runs the transformers model, with INFERENCE_QUANTIZE=int8 its Linear layers
+dynamically quantized; INFERENCE_RUNTIME=onnxruntime runs the graph the evaluation exported, fused and quantized
+(onnx/model-int8.onnx or onnx/model-fp32.onnx) on ONNX Runtime, from the image or else from the copy the evaluation
+put in code/packages/ (nothing is downloaded). A variant that cannot run here falls back to torch fp32, in the log.
 
-Environment: INFERENCE_QUANTIZE (int8 | none, default none), INFERENCE_MAX_TEXTS (default 256),
-INFERENCE_MAX_LENGTH (default the tokenizer's model_max_length, which train.py sets to the training length),
-INFERENCE_MICRO_BATCH (default 8), INFERENCE_THREADS (default CPUs / SAGEMAKER_MODEL_SERVER_WORKERS).
+Speed: the Rust tokenizer (tokenizer.json) encodes without padding; texts are sorted by length and run in
+micro-batches padded only to their own longest text (one text at a time for int8, whose activation scales are per
+batch, so that a text's answer never depends on the others in its request); intra-op threads = the CPUs divided by
+the model server's workers. Other settings: INFERENCE_MAX_TEXTS (256), INFERENCE_MAX_LENGTH (the tokenizer's
+model_max_length, which train.py sets to the training length), INFERENCE_MICRO_BATCH (8, 1 for int8),
+INFERENCE_THREADS.
 """
 
 import csv
+import importlib
 import io
 import json
+import logging
 import os
+import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+import numpy as np
 
+LOG = logging.getLogger(__name__)
 MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time inference's request limit
 LABELS = ("negative", "positive")
 JSON, JSONLINES, CSV, TEXT = "application/json", "application/jsonlines", "text/csv", "text/plain"
 CHARS_PER_TOKEN_CUT = 32  # texts longer than max_length * this many characters are cut between words first
+RUNTIMES, QUANTIZATIONS = ("torch", "onnxruntime"), ("none", "int8")
+PACKAGES_DIR = "code/packages"  # runtimes the image may lack, put there by the evaluation
+MICRO_BATCH = {"none": 8, "int8": 1}  # texts per forward pass (int8: one, see above; about 13% less throughput)
+# (input_ids, attention_mask | None, token_type_ids | None) -> logits: int64 [rows, width] in, float [rows, labels] out
+Forward = Callable[..., np.ndarray]
+
+
+def onnx_path(model_dir: str | Path, quantize: str) -> Path:
+    """Where the evaluation puts the ONNX graph of a variant: onnx/model-int8.onnx or onnx/model-fp32.onnx."""
+    return Path(model_dir) / "onnx" / f"model-{'int8' if quantize == 'int8' else 'fp32'}.onnx"
 
 
 def _cut_point(text: str, limit: int) -> int:
@@ -61,6 +80,10 @@ class InferenceError(ValueError):
         self.status, self.error, self.detail = status, error, detail
 
 
+class RuntimeUnavailable(RuntimeError):
+    """The asked-for variant cannot run here (no graph file, no runtime that loads it)."""
+
+
 def _env_int(name: str, default: int, minimum: int = 1) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -70,8 +93,17 @@ def _env_int(name: str, default: int, minimum: int = 1) -> int:
     return int(raw)
 
 
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """The int8 variant: every Linear layer dynamically quantized (weights int8, activations quantized per batch)."""
+def _env_choice(name: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name, "").strip().lower() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: expected {' or '.join(choices)}")
+    return value
+
+
+def quantize_int8(model: Any) -> Any:
+    """The torch int8 variant: every Linear layer dynamically quantized (weights int8, activations per batch)."""
+    import torch
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in favour of torchao, and still works
         from torch.ao.quantization import quantize_dynamic
@@ -85,91 +117,188 @@ def cpu_threads() -> int:
     return _env_int("INFERENCE_THREADS", max(1, cpus // _env_int("SAGEMAKER_MODEL_SERVER_WORKERS", 1)))
 
 
+def import_onnxruntime(model_dir: str | Path) -> Any:
+    """onnxruntime from the image, else the copy in the artifact's code/packages/ (appended to sys.path, so that
+    nothing the image ships is shadowed)."""
+    try:
+        return importlib.import_module("onnxruntime")
+    except ImportError as missing:
+        packages = Path(model_dir) / PACKAGES_DIR
+        if not (packages / "onnxruntime").is_dir():
+            raise RuntimeUnavailable(f"onnxruntime is not installed and {PACKAGES_DIR}/ has no copy") from missing
+    sys.path.append(str(packages))
+    importlib.invalidate_caches()
+    try:
+        return importlib.import_module("onnxruntime")
+    except ImportError as e:  # built for another Python or platform than this image's
+        sys.path.remove(str(packages))
+        raise RuntimeUnavailable(f"the onnxruntime in {PACKAGES_DIR}/ does not load here: {e}") from e
+
+
+def onnx_forward(path: Path, threads: int, ort: Any) -> tuple[Forward, Any]:
+    """An ONNX Runtime CPU session on the graph (`threads` intra-op threads, no inter-op pool, every optimization)
+    and its Forward (inputs it lacks are filled in: all-ones mask, zero token types)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    inputs = {i.name: np.int32 if "int32" in i.type else np.int64 for i in session.get_inputs()}
+
+    def forward(ids: np.ndarray, mask: np.ndarray | None, types: np.ndarray | None) -> np.ndarray:
+        given = {"input_ids": ids, "attention_mask": np.ones_like(ids) if mask is None else mask,
+                 "token_type_ids": np.zeros_like(ids) if types is None else types}
+        return session.run(None, {name: given[name].astype(dtype, copy=False) for name, dtype in inputs.items()})[0]
+
+    return forward, session
+
+
+def torch_forward(model: Any) -> Forward:
+    """The Forward of a transformers sequence classifier, under torch.inference_mode."""
+    import torch
+
+    def forward(ids: np.ndarray, mask: np.ndarray | None, types: np.ndarray | None) -> np.ndarray:
+        with torch.inference_mode():
+            given = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            return model(**{k: torch.from_numpy(v) for k, v in given.items() if v is not None}).logits.float().numpy()
+
+    return forward
+
+
 @dataclass
 class Classifier:
-    """The loaded model and what predicting needs."""
+    """The loaded variant and what predicting needs."""
 
-    tokenizer: Any  # a transformers fast tokenizer
-    model: torch.nn.Module
+    tokenizer: Any  # a tokenizers.Tokenizer, truncating at max_length, never padding
+    forward: Forward
+    model: Any  # the torch module or the onnxruntime session behind `forward`
     labels: tuple[str, ...]
     max_length: int
     max_texts: int
     micro_batch: int
     pad_id: int
-    quantized: bool
+    runtime: str
+    quantize: str
+
+    @property
+    def variant(self) -> str:  # e.g. onnxruntime-int8, torch-fp32
+        return f"{self.runtime}-{'int8' if self.quantize == 'int8' else 'fp32'}"
 
     def encode(self, texts: list[str]) -> list[tuple[list[int], bool]]:
         """Token ids of each text (truncated to max_length) and whether it was truncated."""
-        backend = self.tokenizer.backend_tokenizer
         limit = self.max_length * CHARS_PER_TOKEN_CUT
         # Tokenizing megabytes to keep max_length tokens is waste: cut long texts between words first. Words before
         # the cut tokenize the same, so if the cut text still overflows its first tokens are the full text's.
         cut = [t if len(t) <= limit else t[: _cut_point(t, limit)] for t in texts]
-        encodings = backend.encode_batch(cut)
+        encodings = self.tokenizer.encode_batch(cut)
         result = []
         for text, short, enc in zip(texts, cut, encodings, strict=True):
             if len(short) < len(text) and not enc.overflowing:
-                enc = backend.encode(text)
+                enc = self.tokenizer.encode(text)
             result.append((enc.ids, bool(enc.overflowing)))
         return result
+
+    def batch(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rows of token ids padded to the longest, and their attention mask (None when nothing is padded)."""
+        lengths = np.array([len(r) for r in rows])
+        ids = np.full((len(rows), int(lengths.max())), self.pad_id, dtype=np.int64)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = row
+        mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+        return ids, None if mask.all() else mask.astype(np.int64)
 
     def __call__(self, texts: list[str]) -> list[dict[str, Any]]:
         """Label and probability of each text, in input order."""
         encoded = self.encode(texts)
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i][0]))
         results: list[dict[str, Any]] = [{}] * len(texts)
-        with torch.inference_mode():
-            for start in range(0, len(order), self.micro_batch):
-                rows = order[start : start + self.micro_batch]
-                lengths = [len(encoded[i][0]) for i in rows]
-                width = lengths[-1]
-                ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-                for r, i in enumerate(rows):
-                    ids[r, : lengths[r]] = torch.tensor(encoded[i][0], dtype=torch.long)
-                mask = None  # no padding in this micro-batch: no mask to build or apply
-                if lengths[0] != width:
-                    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
-                probs = self.model(input_ids=ids, attention_mask=mask).logits.float().softmax(-1)
-                scores, best = probs.max(-1)
-                for r, i in enumerate(rows):
-                    result = {"label": self.labels[int(best[r])], "score": round(float(scores[r]), 6)}
-                    if encoded[i][1]:
-                        result["truncated"] = True
-                    results[i] = result
+        for start in range(0, len(order), self.micro_batch):
+            rows = order[start : start + self.micro_batch]
+            logits = self.forward(*self.batch([encoded[i][0] for i in rows]), None).astype(np.float64)
+            probs = np.exp(logits - logits.max(-1, keepdims=True))
+            probs /= probs.sum(-1, keepdims=True)
+            for r, i in enumerate(rows):
+                best = int(probs[r].argmax())
+                result = {"label": self.labels[best], "score": round(float(probs[r, best]), 6)}
+                if encoded[i][1]:
+                    result["truncated"] = True
+                results[i] = result
         return results
 
 
-def _labels(config: Any) -> tuple[str, ...]:
-    names = tuple(str(config.id2label[i]) for i in range(config.num_labels))
-    return LABELS if config.num_labels == 2 and all(n.startswith("LABEL_") for n in names) else names
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _labels(config: dict[str, Any]) -> tuple[str, ...]:
+    id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+    names = tuple(id2label.get(i, f"LABEL_{i}") for i in range(max(len(id2label), 2)))
+    return LABELS if len(names) == 2 and all(n.startswith("LABEL_") for n in names) else names
+
+
+def _tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, int, int]:
+    """The fast tokenizer saved with the model (tokenizer.json), its length limit and its padding id."""
+    from tokenizers import Tokenizer
+
+    if not (model_dir / "tokenizer.json").is_file():
+        raise ValueError(f"{model_dir}: expected a fast tokenizer (tokenizer.json)")
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    settings = _read_json(model_dir / "tokenizer_config.json")
+    limit = min(int(settings.get("model_max_length") or 1e9), int(config.get("max_position_embeddings") or 1e9))
+    pad = settings.get("pad_token")
+    pad_id = tokenizer.token_to_id(str(pad.get("content") if isinstance(pad, dict) else pad))
+    return tokenizer, limit, int(pad_id if pad_id is not None else config.get("pad_token_id") or 0)
+
+
+def _variant(model_dir: Path, runtime: str, quantize: str, threads: int) -> tuple[Forward, Any]:
+    if runtime == "onnxruntime":
+        path = onnx_path(model_dir, quantize)
+        if not path.is_file():
+            raise RuntimeUnavailable(f"the artifact has no {path.relative_to(model_dir)}")
+        ort = import_onnxruntime(model_dir)
+        try:
+            return onnx_forward(path, threads, ort)
+        except Exception as e:  # onnxruntime's own error types: a graph this runtime cannot run
+            raise RuntimeUnavailable(f"onnxruntime {ort.__version__} cannot load {path.name}: {e}") from e
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    torch.set_num_threads(threads)
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
+    model = quantize_int8(model) if quantize == "int8" else model
+    return torch_forward(model), model
+
+
+def load(model_dir: str | Path, runtime: str = "torch", quantize: str = "none", threads: int | None = None,
+         max_length: int | None = None) -> Classifier:
+    """The classifier of model_dir as the `runtime` / `quantize` variant; RuntimeUnavailable if it cannot run here."""
+    if runtime not in RUNTIMES or quantize not in QUANTIZATIONS:
+        raise ValueError(f"unknown variant {runtime}/{quantize}: expected a runtime of {RUNTIMES}, of {QUANTIZATIONS}")
+    model_dir = Path(model_dir)
+    config = _read_json(model_dir / "config.json")
+    tokenizer, limit, pad_id = _tokenizer(model_dir, config)
+    max_length = min(max_length or limit, limit)
+    tokenizer.enable_truncation(max_length)
+    tokenizer.no_padding()
+    forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads())
+    return Classifier(tokenizer, forward, model, _labels(config), max_length, _env_int("INFERENCE_MAX_TEXTS", 256),
+                      _env_int("INFERENCE_MICRO_BATCH", MICRO_BATCH[quantize]), pad_id, runtime, quantize)
 
 
 def model_fn(model_dir: str) -> Classifier:
-    """Load the tokenizer and model saved by train.py, set threads, quantize if asked, and warm up."""
-    quantize = os.environ.get("INFERENCE_QUANTIZE", "none").strip().lower() or "none"
-    if quantize not in ("int8", "none"):
-        raise ValueError(f"INFERENCE_QUANTIZE={quantize!r}: expected int8 or none")
-    torch.set_num_threads(cpu_threads())
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"{model_dir}: expected a fast tokenizer (tokenizer.json)")
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
-    limit = min(tokenizer.model_max_length, model.config.max_position_embeddings)
-    max_length = min(_env_int("INFERENCE_MAX_LENGTH", limit, minimum=8), limit)
-    tokenizer.backend_tokenizer.enable_truncation(max_length)
-    tokenizer.backend_tokenizer.no_padding()
-    if quantize == "int8":
-        model = quantize_int8(model)
-    classifier = Classifier(
-        tokenizer=tokenizer,
-        model=model,
-        labels=_labels(model.config),
-        max_length=max_length,
-        max_texts=_env_int("INFERENCE_MAX_TEXTS", 256),
-        micro_batch=_env_int("INFERENCE_MICRO_BATCH", 8),
-        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        quantized=quantize == "int8",
-    )
+    """Load the variant the environment names (torch fp32 if it cannot run here, saying why), and warm up."""
+    runtime = _env_choice("INFERENCE_RUNTIME", RUNTIMES)
+    quantize = _env_choice("INFERENCE_QUANTIZE", QUANTIZATIONS)
+    max_length = _env_int("INFERENCE_MAX_LENGTH", 0, minimum=8) or None
+    try:
+        classifier = load(model_dir, runtime, quantize, max_length=max_length)
+    except RuntimeUnavailable as e:
+        LOG.warning("inference: INFERENCE_RUNTIME=%s INFERENCE_QUANTIZE=%s cannot run here (%s): serving torch fp32",
+                    runtime, quantize, e)
+        classifier = load(model_dir, "torch", "none", max_length=max_length)
+    LOG.info("inference: serving %s (%d threads, micro-batches of %d, max length %d)", classifier.variant,
+             cpu_threads(), classifier.micro_batch, classifier.max_length)
     classifier(["warm up", "warm up the model with two texts of different lengths"])
     return classifier
 

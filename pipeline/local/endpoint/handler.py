@@ -185,8 +185,11 @@ class LoadedModel:
     def _load(self, program: str) -> None:
         code_dir = self.model_dir / "code"
         self.code_dir = str(code_dir)
-        if (code_dir / "requirements.txt").is_file():
-            LOG.warning("endpoint %s: code/requirements.txt is not installed locally", self.name)
+        requirements = code_dir / "requirements.txt"
+        lines = requirements.read_text().splitlines() if requirements.is_file() else []
+        wanted = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+        if wanted:  # the container pip-installs them; here this Python's packages serve
+            LOG.warning("endpoint %s: code/requirements.txt is not installed locally: %s", self.name, ", ".join(wanted))
         module = _import_handler(code_dir, program)
         found = {n: getattr(module, n) for n in _HANDLER_ARITY if callable(getattr(module, n, None))}
         if "transform_fn" in found and {"input_fn", "predict_fn", "output_fn"} & found.keys():
