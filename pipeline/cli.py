@@ -15,8 +15,9 @@ from pipeline.commands import bootstrap, compare, triggers_app
 from pipeline.contract import APPROVED, REJECTED
 from pipeline.dag.parameters import parse_pairs
 from pipeline.executing import FROM, POLL, STEPS, WAIT, begin, retry, selection, summarize
+from pipeline.lifecycle_commands import endpoints, print_changes, promote
 from pipeline.records import VersionView
-from pipeline.terminal import Options, console, errors
+from pipeline.terminal import LOCAL, ROOT, Options, console, errors
 
 app = typer.Typer(
     help="Fine-tune BERT on AWS Trainium with SageMaker Pipelines.",
@@ -30,9 +31,9 @@ app.add_typer(triggers_app, name="triggers")
 app.command()(compare)
 app.command()(bootstrap)
 app.command()(retry)
+app.command()(promote)
+app.command()(endpoints)
 
-LOCAL = Annotated[bool, typer.Option("--local", help="On this machine: local runner, registry and endpoint.")]
-ROOT = Annotated[Path | None, typer.Option(help="Folder of the local account (default local.root).")]
 EXECUTION = Annotated[str | None, typer.Argument(help="Execution id or ARN (default: latest).")]
 PARAMS = Annotated[list[str] | None, typer.Option("--param", "-p", help="Pipeline parameter NAME=VALUE (repeatable).")]
 
@@ -139,7 +140,7 @@ def serve(
     target = ctx.obj.backend(local=True, root=root)
     if stop:
         stopped = target.stop_endpoint()
-        console.print(f"endpoint {target.cfg.deploy.endpoint_name} {'stopped' if stopped else 'was not running'}")
+        console.print(f"local endpoints {'stopped' if stopped else 'were not running'}")
         return
 
     def ready(url: str, chosen: VersionView) -> None:
@@ -186,11 +187,7 @@ def models_describe(ctx: typer.Context, version: int, local: LOCAL = False, root
 def _set_status(target: Backend, version: int, status: str, note: str) -> None:
     approval = target.set_status(version, status, note)
     console.print(f"model version {approval.version.version}: {approval.version.status}")
-    done = approval.deployment
-    if done:
-        console.print(f"endpoint {done.endpoint} {done.action}: {done.where}")
-    if approval.hint:
-        console.print(approval.hint)
+    print_changes(approval.changes)
 
 
 NOTE = Annotated[str, typer.Option(help="Approval note.")]
@@ -198,21 +195,20 @@ NOTE = Annotated[str, typer.Option(help="Approval note.")]
 
 @models_app.command("approve")
 def models_approve(ctx: typer.Context, version: int, note: NOTE = "", local: LOCAL = False, root: ROOT = None) -> None:
-    """Approve a version; locally this deploys it to the local endpoint, as approval in Studio does on AWS."""
+    """Approve a version: it goes to the staging endpoint and is tested there (as approval in Studio does)."""
     _set_status(ctx.obj.backend(local, root), version, APPROVED, note)
 
 
 @models_app.command("reject")
 def models_reject(ctx: typer.Context, version: int, note: NOTE = "", local: LOCAL = False, root: ROOT = None) -> None:
-    """Reject a version."""
+    """Reject a version; an endpoint serving it goes back to the newest other Approved version that passed its test."""
     _set_status(ctx.obj.backend(local, root), version, REJECTED, note)
 
 
 @app.command()
 def deploy(ctx: typer.Context, version: int, local: LOCAL = False, root: ROOT = None) -> None:
-    """Deploy an Approved model version to the endpoint (created, or updated to a new endpoint config)."""
-    done = ctx.obj.backend(local, root).deploy(version)
-    console.print(f"endpoint {done.endpoint} {done.action}: {done.where}")
+    """Deploy an Approved version to the staging endpoint and test it there (production: promote)."""
+    print_changes(ctx.obj.backend(local, root).deploy(version))
 
 
 def main() -> None:

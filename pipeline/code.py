@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
+import importlib
 import io
+import sys
 import tarfile
 from dataclasses import dataclass
 from functools import cached_property
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+STEPS = PROJECT_ROOT / "steps"
 IGNORED = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
 
 
@@ -77,9 +79,16 @@ def bundles() -> dict[str, CodeBundle]:
     }
 
 
-def load_deploy_handler() -> ModuleType:
-    """`steps/deploy.py`, the deploy Lambda's code (steps/ is container code, not a package)."""
-    spec = importlib.util.spec_from_file_location("deploy_handler", PROJECT_ROOT / "steps" / "deploy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def step_module(name: str) -> ModuleType:
+    """`steps/<name>.py` imported under its own name, as the deploy Lambda imports it (its sibling imports too).
+
+    steps/ is container code, not a package: it is on sys.path only while the import runs, so that later imports
+    of libraries (steps/evaluate.py would shadow `evaluate`) are unaffected."""
+    module = sys.modules.get(name)
+    if module is not None and Path(getattr(module, "__file__", "") or "").parent == STEPS:
+        return module
+    sys.path.insert(0, str(STEPS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(STEPS))

@@ -9,16 +9,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from pipeline.config_base import INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
+from pipeline.config_deploy import Alerts, Deploy
 from pipeline.contract import APPROVAL_STATUSES, PENDING
 from pipeline.errors import ConfigError
 from pipeline.overrides import flatten, merge, parse_override, read_mapping, set_path
 from pipeline.prices import DEFAULT_PRICES
 
-INSTANCE_TYPE = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
-ROLE_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$"
-S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 PACKAGE = "package:"  # training.model_id "package:NAME": the model folder that the Python package NAME ships
 
 # Account-specific values that may come from the environment instead of the file.
@@ -27,12 +26,6 @@ ENV_OVERRIDES = {
     "TRAINIUM_PIPELINE_ROLE_ARN": "aws.role_arn",
     "TRAINIUM_PIPELINE_BUCKET": "aws.bucket",
 }
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, types are not coerced loosely."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 class Vpc(Section):
@@ -191,18 +184,6 @@ class Registry(Section):
     approval_status: Literal[APPROVAL_STATUSES] = PENDING  # type: ignore[valid-type]
 
 
-class Deploy(Section):
-    endpoint_name: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-    instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
-    instance_count: int = Field(default=1, ge=1)
-    lambda_function_name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
-    lambda_role_arn: str | None = Field(default=None, pattern=ROLE_ARN)
-    data_capture_s3_uri: str | None = Field(default=None, pattern=S3_URI)
-    guardrails_alarm: str | None = None
-    model_server_workers: int = Field(default=2, ge=1, le=64)
-    max_texts: int = Field(default=256, ge=1, le=10000)
-
-
 # A pipeline parameter value as EventBridge passes it: a string (`Epochs: 3` in YAML is read as "3")
 ParameterValue = Annotated[str, BeforeValidator(lambda v: str(v) if type(v) in (int, float) else v)]
 
@@ -246,6 +227,7 @@ LOCAL_OVERRIDES: dict[str, Any] = {
     },
     "evaluation": {"accuracy_threshold": 0.7, "int8_tolerance": 0.03},
     "registry": {"approval_status": "Approved"},
+    "deploy": {"auto_promote": True, "test": {"p95_ms": 2000.0}},  # a laptop shared with the pipeline's own jobs
 }
 
 
@@ -254,8 +236,15 @@ class Local(Section):
 
     root: str = ".local"
     processes: int = Field(default=2, ge=1, le=64)
-    port: int = Field(default=8080, ge=0, le=65535)
+    port: int = Field(default=8080, ge=0, le=65535)  # the production endpoint
+    staging_port: int = Field(default=8081, ge=0, le=65535)
     overrides: dict[str, Any] = LOCAL_OVERRIDES
+
+    @model_validator(mode="after")
+    def _ports(self) -> Local:
+        if self.port and self.port == self.staging_port:
+            raise ValueError(f"local.staging_port={self.staging_port}: expected another port than local.port")
+        return self
 
 
 class Prices(Section):
@@ -306,6 +295,7 @@ class Config(Section):
     registry: Registry = Registry()
     deploy: Deploy
     triggers: Triggers = Triggers()
+    alerts: Alerts = Alerts()
     local: Local = Local()
     prices: Prices = Prices()
 

@@ -27,7 +27,6 @@ BATCH_SIZE = "BatchSize"
 MAX_LENGTH = "MaxLength"
 ACCURACY_THRESHOLD = "AccuracyThreshold"
 MODEL_APPROVAL_STATUS = "ModelApprovalStatus"
-ENDPOINT_NAME = "EndpointName"
 
 # Tokenize's outputs: the splits and its statistics
 SPLITS = ("train", "validation", "test")
@@ -49,6 +48,7 @@ CHECKPOINT_DIR = "/opt/ml/checkpoints"
 EVALUATION_OUTPUT = "evaluation"
 REPORT_FILE = "evaluation.json"
 PROPERTY_FILE = "EvaluationReport"
+SAMPLE_FILE = "endpoint_sample.jsonl"  # beside the report: labelled test rows as text, for the endpoint test
 ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
 QUANTIZE_PATH = "inference.quantize"
 RUNTIME_PATH = "inference.runtime"

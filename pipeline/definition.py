@@ -265,21 +265,17 @@ class Steps(StepParts):
             depends_on=[register],
         )
 
-    # 8. Deploy: the deploy Lambda (steps/deploy.py) puts the new version on the endpoint.
+    # 8. Deploy: the deploy Lambda (steps/deploy.py) sends the new version to the staging endpoint, where it is tested
+    # before promotion. Endpoint names and sizes are the Lambda's configuration (upsert), not inputs: its role may act
+    # on those endpoints only.
     def deploy(self, register: ModelStep) -> LambdaStep:
         from sagemaker.core.lambda_helper import Lambda
         from sagemaker.mlops.workflow.lambda_step import LambdaOutput, LambdaOutputTypeEnum, LambdaStep
 
-        deploy = self.cfg.deploy
         return LambdaStep(
             name=contract.DEPLOY,
             lambda_func=Lambda(function_arn=self.cfg.deploy_lambda_arn, session=self.session),
-            inputs={
-                "model_package_arn": register.properties.ModelPackageArn,
-                "endpoint_name": self.parameters.endpoint_name,
-                "instance_type": deploy.instance_type,
-                "instance_count": deploy.instance_count,
-            },
+            inputs={"model_package_arn": register.properties.ModelPackageArn},
             outputs=[
                 LambdaOutput(output_name="endpoint_config_name", output_type=LambdaOutputTypeEnum.String),
                 LambdaOutput(output_name="action", output_type=LambdaOutputTypeEnum.String),

@@ -60,10 +60,37 @@ class Deployment:
 
 
 @dataclass
+class Changes:
+    """What a lifecycle command did and decided, one line each (alerts included); the first failed deploy."""
+
+    lines: list[str] = field(default_factory=list)
+    failure: str = ""
+
+
+def changes(outcomes: list[dict]) -> Changes:
+    """The lines of steps/lifecycle.py's outcomes."""
+    failed = [o["line"] for o in outcomes if o.get("action") == "deploy-failed"]
+    return Changes([o["line"] for o in outcomes], failed[0] if failed else "")
+
+
+@dataclass
+class StageView:
+    """One endpoint of the lifecycle, for `endpoints`."""
+
+    stage: str  # staging | production
+    endpoint: str
+    version: int | None
+    status: str  # InService, Updating, ... ; "absent" when there is none
+    instances: str
+    scaling: str
+    test: str  # the last staging test of the version it serves
+    where: str = ""  # the local URL, or the endpoint config
+
+
+@dataclass
 class Approval:
     version: VersionView
-    deployment: Deployment | None = None  # approving deploys at once where nothing else does (locally)
-    hint: str = ""
+    changes: Changes = field(default_factory=Changes)  # what the lifecycle did (staging deploy, test, rollback)
 
 
 @dataclass
@@ -89,6 +116,7 @@ class RunSummary:
     deployment: Deployment | None = None
     artifacts: str = ""
     approve_hint: str = ""
+    lifecycle: list[str] = field(default_factory=list)  # what the Deploy step did on staging and production
 
 
 OnUpdate = Callable[[ExecutionView], None]
@@ -107,8 +135,8 @@ def run_summary(
     log_tail: Callable[[str], list[str]] = lambda step: [],
 ) -> RunSummary:
     """The summary of a finished run, from what its backend found: the evaluation `report` (its accuracy is what
-    the gate read), the `registered` version of `group`, the Deploy step's outputs (`deployed`, on `endpoint` unless
-    the execution named another), where its artifacts are, and the last log lines of a failed step."""
+    the gate read), the `registered` version of `group`, the Deploy step's outputs (`deployed`: the staging endpoint it
+    names, else `endpoint`), where its artifacts are, and the last log lines of a failed step."""
     summary = RunSummary(execution, contract.report_accuracy(report), artifacts=artifacts)
     summary.threshold = execution.parameters.get(contract.ACCURACY_THRESHOLD)
     summary.failures = [(s.name, s.note, log_tail(s.name)) for s in execution.steps or [] if s.status == "Failed"]
@@ -118,6 +146,5 @@ def run_summary(
             summary.approve_hint = f"trainium-pipeline models approve {registered.version}" + (" --local" * local)
     if deployed is not None:
         where = deployed.get("url") or deployed.get("endpoint_config_name", "")
-        name = execution.parameters.get(contract.ENDPOINT_NAME, endpoint)
-        summary.deployment = Deployment(name, deployed.get("action", ""), where)
+        summary.deployment = Deployment(deployed.get("endpoint_name") or endpoint, deployed.get("action", ""), where)
     return summary

@@ -66,12 +66,11 @@ class Parameters:
         self.approval_status = ParameterString(
             contract.MODEL_APPROVAL_STATUS, default_value=cfg.registry.approval_status
         )
-        self.endpoint_name = ParameterString(contract.ENDPOINT_NAME, default_value=cfg.deploy.endpoint_name)
 
     def declared(self) -> list:
         """In the order the definition lists them."""
         return [self.input_data, self.train_instance_type, self.train_instance_count, self.epochs, self.learning_rate,
-                self.batch_size, self.max_length, self.accuracy_threshold, self.approval_status, self.endpoint_name]
+                self.batch_size, self.max_length, self.accuracy_threshold, self.approval_status]
 
 
 class StepParts:

@@ -9,7 +9,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.console import Console
 
 from pipeline.backend import Backend, open_backend
@@ -19,6 +21,9 @@ from pipeline.errors import ConfigError, Terminated, UserError
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
 debug = False  # the global --debug option: failures show their traceback
+
+LOCAL = Annotated[bool, typer.Option("--local", help="On this machine: local runner, registry and endpoint.")]
+ROOT = Annotated[Path | None, typer.Option(help="Folder of the local account (default local.root).")]
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,8 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         console.print(f"registered: {summary.group} version {summary.registered.version} ({summary.registered.status})")
         if summary.approve_hint:
             console.print(f"approve it to deploy: {summary.approve_hint}")
+    for line in summary.lifecycle:
+        console.print(line, markup=False, highlight=False)
     deployment = summary.deployment
     if deployment:
         console.print(f"endpoint {deployment.endpoint} {deployment.action}: {deployment.where}")

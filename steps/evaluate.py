@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import endpoint_sample
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -317,6 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         sample = stratified_sample(labels, args.sample_size, args.seed)
         rows = table.take(pa.array(sample))
+        endpoint_sample.write(args.output_dir, folder, rows, labels[sample], margins[sample] > 0)  # endpoint test
         fp32 = margins[sample] if source != "train step" else predict(fp32_logits, rows, args.batch_size, pad_id)
         positive = labels[sample] == 1
         checked = check(fp32, margins[sample], args.min_agreement, args.seed)

@@ -1,10 +1,11 @@
 """`bootstrap` (pipeline/bootstrap.py): the template lints; against moto the stack creates, updates idempotently
 and deletes; then `upsert` and `triggers apply` succeed with the stack's outputs and nothing else set.
 
-moto's CloudFormation does not implement AWS::S3::BucketPolicy nor AWS::SageMaker::ModelPackageGroup (it warns
-and skips them), and its AWS::S3::Bucket applies only BucketEncryption and Tags (not versioning, public access
-block, lifecycle). Those are asserted on the rendered template (tests/test_infra_policies.py), and the test below
-pins exactly what moto skipped, so that it fails (and can be tightened) when moto learns them.
+moto's CloudFormation does not implement AWS::S3::BucketPolicy, AWS::SageMaker::ModelPackageGroup nor
+AWS::SNS::TopicPolicy (it warns and skips them), and its AWS::S3::Bucket applies only BucketEncryption and Tags (not
+versioning, public access block, lifecycle). Those are asserted on the rendered template
+(tests/test_infra_policies.py), and the test below pins exactly what moto skipped, so that it fails (and can be
+tightened) when moto learns them.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from pipeline.sagemaker.bootstrap import BootstrapError
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = "trainium-bert-bootstrap"
-MOTO_SKIPS = {"AWS::S3::BucketPolicy", "AWS::SageMaker::ModelPackageGroup"}
+MOTO_SKIPS = {"AWS::S3::BucketPolicy", "AWS::SageMaker::ModelPackageGroup", "AWS::SNS::TopicPolicy"}
 
 
-def fresh_config():
+def fresh_config(*sets: str):
     """pipeline.yaml as shipped: placeholders for bucket and role."""
-    return load_config(ROOT / "pipeline.yaml", [], environ={})
+    return load_config(ROOT / "pipeline.yaml", list(sets), environ={})
 
 
 def test_template_passes_cfn_lint():
@@ -49,8 +50,8 @@ def aws(no_network):
         yield Aws("us-east-1")
 
 
-def deploy(aws, kms=False, **kwargs):
-    cfg = fresh_config()
+def deploy(aws, kms=False, sets=(), **kwargs):
+    cfg = fresh_config(*sets)
     events: list[dict] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -82,7 +83,7 @@ def test_stack_creates_the_bucket_roles_and_key(aws):
         (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
         assert trust["Principal"] == {"Service": f"{service}.amazonaws.com"}
         names = iam.list_role_policies(RoleName=name)["PolicyNames"]
-        assert len(names) == (2 if service == "sagemaker" else 1)  # + pipeline-execution-kms
+        assert len(names) == (1 if service == "events" else 2)  # + pipeline-execution-kms, deploy-lambda-kms
         documents = [policy_document(iam, name, policy) for policy in names]
         document = documents[0]
         resources = json.dumps(documents)
@@ -94,6 +95,21 @@ def test_stack_creates_the_bucket_roles_and_key(aws):
             assert out["KmsKeyArn"] in resources and out["ExecutionRoleArn"] in resources
         if service == "lambda":
             assert out["ExecutionRoleArn"] in resources  # iam:PassRole of the model's role
+            assert out["AlertsTopicArn"] in resources and out["KmsKeyArn"] in resources  # alerts, the test sample
+
+
+def test_alerts_topic_with_an_optional_email_subscription(aws):
+    result, _, _ = deploy(aws, sets=["alerts.email=ops@example.com"])
+    sns = aws.client("sns")
+    topic = result.outputs["AlertsTopicArn"]
+    assert topic == "arn:aws:sns:us-east-1:123456789012:trainium-bert-alerts"
+    (subscription,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+    assert (subscription["Protocol"], subscription["Endpoint"]) == ("email", "ops@example.com")
+    assert bootstrap.config_updates(result.outputs)["alerts.topic_arn"] == topic
+    cf = aws.client("cloudformation")
+    cf.delete_stack(StackName=STACK)
+    result, _, _ = deploy(aws)  # no address: a topic without subscriptions
+    assert sns.list_subscriptions_by_topic(TopicArn=result.outputs["AlertsTopicArn"])["Subscriptions"] == []
 
 
 def policy_document(iam, role: str, policy: str) -> dict:
@@ -246,7 +262,12 @@ def end_to_end(aws: Aws) -> None:
     described = aws.sagemaker.describe_pipeline(PipelineName=cfg.pipeline.name)
     assert described["RoleArn"] == result.outputs["ExecutionRoleArn"]
     assert aws.s3.list_objects_v2(Bucket=result.outputs["BucketName"], Prefix="trainium-bert/code/")["KeyCount"] > 0
-    assert [r["action"] for r in triggers.apply(cfg, aws)] == ["created"]
+    assert function["Environment"]["Variables"]["ALERTS_TOPIC_ARN"] == result.outputs["AlertsTopicArn"]
+    failures = aws.client("lambda").get_function_event_invoke_config(FunctionName=cfg.deploy.lambda_function_name)
+    assert failures["DestinationConfig"]["OnFailure"]["Destination"] == result.outputs["AlertsTopicArn"]
+    applied = {r["name"]: r["action"] for r in triggers.apply(cfg, aws)}
+    assert applied == {f"trainium-bert-{kind}": "created" for kind in
+                       ("deploy-on-approval", "rollback-on-reject", "endpoint-state", "execution-alerts")}
     scheduled = load_config(ROOT / "pipeline.yaml", [*sets, "triggers.schedule=rate(7 days)"], environ={})
     rows = {r["name"]: r for r in triggers.apply(scheduled, aws)}
     (target,) = aws.client("events").list_targets_by_rule(Rule="trainium-bert-schedule")["Targets"]

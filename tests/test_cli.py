@@ -219,14 +219,18 @@ def test_models_and_deploy_commands_against_the_registry(aws, capsys):
     code, out, err = cli(capsys, "models", "approve", "1", "--note", "looks good")
     assert code == 0, err
     assert "model version 1: Approved" in out
+    assert "staging trainium-bert-staging: version 1 created" in out  # approving deploys to staging at once
+    # this version has no labelled sample beside an evaluation report: its staging test fails, it is not promoted
+    assert "staging test of version 1 on trainium-bert-staging: FAIL: no labelled sample" in out
     described = aws["sagemaker"].list_model_packages(ModelPackageGroupName="trainium-bert")["ModelPackageSummaryList"]
     assert described[0]["ModelApprovalStatus"] == "Approved"
-    code, out, err = cli(capsys, "deploy", "1")
-    assert code == 0, err
-    assert "endpoint trainium-bert created" in out
-    assert aws["sagemaker"].describe_endpoint(EndpointName="trainium-bert")["EndpointStatus"] == "InService"
-    code, out, err = cli(capsys, "deploy", "1")
-    assert code == 0 and "endpoint trainium-bert unchanged" in out
+    assert aws["sagemaker"].describe_endpoint(EndpointName="trainium-bert-staging")["EndpointStatus"] == "InService"
+    code, out, err = cli(capsys, "deploy", "1")  # by hand: sent (unchanged) and tested again
+    assert code == 0 and "trainium-bert-staging: serves version 1" in out and "FAIL" in out, err
+    code, out, err = cli(capsys, "promote", "1")
+    assert code == 1 and "version 1 has not passed its staging test: it failed (no labelled sample" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert [e["EndpointName"] for e in aws["sagemaker"].list_endpoints()["Endpoints"]] == ["trainium-bert-staging"]
 
 
 def test_triggers_commands(aws, capsys):
@@ -244,7 +248,8 @@ def test_triggers_commands(aws, capsys):
     assert code == 0, err
     assert "trainium-bert-deploy-on-approval" in out
     rules = boto3.client("events", region_name="us-east-1").list_rules()["Rules"]
-    assert [r["Name"] for r in rules] == ["trainium-bert-deploy-on-approval"]
+    assert sorted(r["Name"] for r in rules) == ["trainium-bert-deploy-on-approval", "trainium-bert-endpoint-state",
+                                                "trainium-bert-rollback-on-reject"]
     code, out, err = cli(capsys, "triggers", "list")
     assert code == 0 and "Approved" in out
     code, out, err = cli(capsys, "triggers", "apply", "--print-policies")

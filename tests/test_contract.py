@@ -27,6 +27,10 @@ COPIES = [  # (script, its constant, the contract's value)
     ("steps/deploy.py", "APPROVED", contract.APPROVED),
     ("steps/deploy.py", "MODEL_PACKAGE_EVENT", contract.MODEL_PACKAGE_EVENT),
     ("training/inference.py", "MAX_PAYLOAD_BYTES", contract.MAX_PAYLOAD_BYTES),
+    ("steps/endpoint_sample.py", "SAMPLE_FILE", contract.SAMPLE_FILE),
+    ("steps/endpoint_check.py", "SAMPLE_FILE", contract.SAMPLE_FILE),
+    ("steps/lifecycle.py", "APPROVED", contract.APPROVED),
+    ("steps/sagemaker_endpoints.py", "APPROVED", contract.APPROVED),
 ]
 
 

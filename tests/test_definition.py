@@ -121,8 +121,7 @@ def test_parameters(dag):
         "MaxLength": ("Integer", 128),
         "AccuracyThreshold": ("Float", 0.85),
         "ModelApprovalStatus": ("String", "PendingManualApproval"),
-        "EndpointName": ("String", "trainium-bert"),
-    }
+    }  # no EndpointName: the deploy Lambda's role may act on the configured endpoints only (issue 19 item 6)
 
 
 def test_no_experiment_or_trial_per_execution(dag):
@@ -237,7 +236,7 @@ def test_register_and_deploy(steps):
     deploy = steps["Deploy"]
     assert deploy["FunctionArn"] == "arn:aws:lambda:us-east-1:123456789012:function:trainium-bert-deploy"
     assert deploy["Arguments"]["model_package_arn"] == {"Get": "Steps.RegisterModel.ModelPackageArn"}
-    assert deploy["Arguments"]["instance_type"] == "ml.c5.xlarge"
+    assert deploy["Arguments"] == {"model_package_arn": {"Get": "Steps.RegisterModel.ModelPackageArn"}}
 
 
 def test_every_reference_points_to_a_parameter_an_execution_variable_or_a_step(dag, steps):

@@ -1,20 +1,25 @@
-"""The deploy Lambda (steps/deploy.py) against moto's SageMaker, in-process."""
+"""The deploy Lambda's SageMaker calls (steps/sagemaker_endpoints.py) against moto, in-process; its zip and entry
+point. The lifecycle it drives is tested in test_lifecycle_aws.py."""
 
 from __future__ import annotations
 
-import importlib.util
+import ast
+import io
 import sys
+import zipfile
 from pathlib import Path
 
 import boto3
 import pytest
 from moto import mock_aws
 
+from pipeline.code import step_module
+from pipeline.config import load_config
+from pipeline.sagemaker.upsert import LAMBDA_MODULES, deploy_lambda_zip, lambda_environment
+
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("deploy_step", ROOT / "steps" / "deploy.py")
-deploy_step = importlib.util.module_from_spec(_spec)
-sys.modules["deploy_step"] = deploy_step
-_spec.loader.exec_module(deploy_step)
+deploy_step = step_module("sagemaker_endpoints")
+handler = step_module("deploy")
 
 REGION = "us-east-1"
 GROUP = "trainium-bert"
@@ -164,77 +169,64 @@ def test_names_are_trimmed_to_63_characters():
     assert config == deploy_step.endpoint_config_name(long, 7, "ml.c5.xlarge", 1)
 
 
-def lambda_env(monkeypatch, sm):
-    monkeypatch.setenv("ENDPOINT_NAME", ENDPOINT)
-    monkeypatch.setenv("INSTANCE_TYPE", "ml.m5.large")
-    monkeypatch.setenv("INSTANCE_COUNT", "1")
-    monkeypatch.setattr(boto3, "client", lambda service, **kw: sm)
-
-
-def test_handler_lambda_step_inputs_return_the_output_parameters(sm, monkeypatch):
-    lambda_env(monkeypatch, sm)
+def test_the_handler_deploys_the_step_version_to_staging_with_its_environment(sm, monkeypatch):
+    cfg = load_config(ROOT / "pipeline.yaml", [f"aws.role_arn={ROLE}"], environ={})
+    for key, value in lambda_environment(cfg).items():
+        monkeypatch.setenv(key, value)
     arn = register(sm, "Approved")
-    event = {
-        "model_package_arn": arn,
-        "endpoint_name": "other-endpoint",
-        "instance_type": "ml.c5.xlarge",
-        "instance_count": 2,
-    }
-    result = deploy_step.lambda_handler(event, None)
-    assert result["action"] == "created" and result["endpoint_name"] == "other-endpoint"
-    assert isinstance(result["endpoint_config_name"], str) and result["endpoint_config_name"]
+    result = handler.lambda_handler({"model_package_arn": arn, "endpoint_name": "ignored"}, None)
+    assert (result["action"], result["endpoint_name"]) == ("created", "trainium-bert-staging")
+    assert result["endpoint_config_name"].startswith("trainium-bert-staging-v1-")
     variant = sm.describe_endpoint_config(EndpointConfigName=result["endpoint_config_name"])["ProductionVariants"][0]
-    assert (variant["InstanceType"], variant["InitialInstanceCount"]) == ("ml.c5.xlarge", 2)
+    assert (variant["InstanceType"], variant["InitialInstanceCount"]) == ("ml.c5.xlarge", 1)
+    with pytest.raises(handler.UnknownEvent, match="unrecognised event"):
+        handler.lambda_handler({"hello": "world"}, None)
+    monkeypatch.delenv("MODEL_PACKAGE_GROUP")
+    with pytest.raises(deploy_step.DeployError, match="environment has no MODEL_PACKAGE_GROUP: run trainium-pipeline "
+                                                      "upsert"):
+        handler.lambda_handler({"model_package_arn": arn}, None)
 
 
-def test_handler_direct_call_uses_the_environment(sm, monkeypatch):
-    lambda_env(monkeypatch, sm)
-    arn = register(sm, "Approved")
-    result = deploy_step.lambda_handler({"model_package_arn": arn}, None)
-    assert result["action"] == "created" and result["endpoint_name"] == ENDPOINT
-    variant = sm.describe_endpoint_config(EndpointConfigName=result["endpoint_config_name"])["ProductionVariants"][0]
-    assert variant["InstanceType"] == "ml.m5.large"
+def test_the_lambda_zip_carries_deploy_py_and_every_steps_module_it_imports():
+    """The closure of sibling imports from deploy.py is exactly LAMBDA_MODULES; they import the standard library and
+    boto3 only (the python3.12 runtime has nothing else)."""
+    local = {p.stem for p in (ROOT / "steps").glob("*.py")}
+    needed, todo, outside = set(), ["deploy"], set()
+    while todo:
+        name = todo.pop()
+        needed.add(name)
+        for node in ast.walk(ast.parse((ROOT / "steps" / f"{name}.py").read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) else [])
+            for imported in (n.split(".")[0] for n in names if n):
+                if imported in local:
+                    todo += [] if imported in needed else [imported]
+                else:
+                    outside.add(imported)
+    assert {f"{n}.py" for n in needed} == set(LAMBDA_MODULES)
+    assert outside <= set(sys.stdlib_module_names) | {"boto3", "botocore"}, outside
+    with zipfile.ZipFile(io.BytesIO(deploy_lambda_zip())) as archive:
+        assert sorted(archive.namelist()) == sorted(LAMBDA_MODULES)
+        assert archive.read("lifecycle.py") == (ROOT / "steps" / "lifecycle.py").read_bytes()
+    assert deploy_lambda_zip() == deploy_lambda_zip()  # reproducible: unchanged code is not re-uploaded
 
 
-def test_handler_refusal_raises_so_the_step_fails(sm, monkeypatch):
-    lambda_env(monkeypatch, sm)
-    arn = register(sm, "PendingManualApproval")
-    with pytest.raises(deploy_step.NotApproved, match="approve it first"):
-        deploy_step.lambda_handler({"model_package_arn": arn}, None)
-
-
-def test_handler_eventbridge_event(sm, monkeypatch):
-    lambda_env(monkeypatch, sm)
-    arn = register(sm, "Approved")
-    event = {
-        "version": "0",
-        "source": "aws.sagemaker",
-        "detail-type": "SageMaker Model Package State Change",
-        "detail": {
-            "ModelPackageGroupName": GROUP,
-            "ModelPackageVersion": 1,
-            "ModelPackageArn": arn,
-            "ModelApprovalStatus": "Approved",
-        },
-    }
-    assert deploy_step.lambda_handler(event, None)["action"] == "created"
-    rejected = {**event, "detail": {**event["detail"], "ModelApprovalStatus": "Rejected"}}
-    assert deploy_step.lambda_handler(rejected, None)["action"] == "ignored"
-    assert counts(sm) == (1, 1, 1)
-
-
-def test_handler_rejects_unknown_events(sm, monkeypatch):
-    lambda_env(monkeypatch, sm)
-    with pytest.raises(deploy_step.DeployError, match="unrecognised event"):
-        deploy_step.lambda_handler({"hello": "world"}, None)
-
-
-def test_module_imports_only_stdlib_and_boto3():
-    source = (ROOT / "steps" / "deploy.py").read_text()
-    imports = {
-        line.split()[1].split(".")[0] for line in source.splitlines() if line.lstrip().startswith(("import ", "from "))
-    }
-    assert imports <= {"__future__", "hashlib", "json", "os", "re", "typing", "boto3"}
+def test_an_autoscaled_update_keeps_the_instance_count_or_deregisters_for_a_new_type(sm):
+    aas = boto3.client("application-autoscaling", region_name=REGION)
+    v1 = register(sm, "Approved")
+    deploy_step.deploy(sm, v1, ENDPOINT, "ml.c5.xlarge", 1, autoscaling=aas)
+    deploy_step.apply_autoscaling(aas, ENDPOINT, 1, 4, 70)
+    v2 = register(sm, "Approved")
+    deploy_step.deploy(sm, v2, ENDPOINT, "ml.c5.xlarge", 1, autoscaling=aas)
+    assert sm.updates[-1]["RetainAllVariantProperties"] is True  # the autoscaled count survives the update
+    resource = {"ServiceNamespace": "sagemaker", "ResourceIds": [deploy_step.scaling_resource(ENDPOINT)]}
+    assert len(aas.describe_scalable_targets(**resource)["ScalableTargets"]) == 1
+    deploy_step.deploy(sm, v2, ENDPOINT, "ml.c5.2xlarge", 1, autoscaling=aas)
+    assert "RetainAllVariantProperties" not in sm.updates[-1]  # a new instance type: SageMaker requires ...
+    assert aas.describe_scalable_targets(**resource)["ScalableTargets"] == []  # ... no scaling target during it
+    assert deploy_step.remove_autoscaling(aas, ENDPOINT) is False
+    with pytest.raises(deploy_step.DeployError, match="expected 1 <= min <= max"):
+        deploy_step.apply_autoscaling(aas, ENDPOINT, 3, 2, 70)
 
 
 def client_error(code: str, message: str, operation: str):

@@ -1,8 +1,8 @@
 """infra/template.yaml grants each role what the pipeline needs and nothing beyond.
 
 The template is resolved here (a small resolver of Ref / Sub / GetAtt / If / Join / Split for this template), then
-compared with: pipeline/policies.py (the printed policies: one truth), the boto3 calls of steps/deploy.py (read
-with ast), and the steps of the shipped definition (tests/golden/definition.json).
+compared with: pipeline/policies.py (the printed policies: one truth), the boto3 calls of the deploy Lambda's modules
+(read with ast), and the steps of the shipped definition (tests/golden/definition.json).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ ACCOUNT, REGION = "123456789012", "us-east-1"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/trainium-bert-bootstrap-ExecutionRole-ABC"
 KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 BUCKET = f"trainium-bert-{ACCOUNT}-{REGION}"
+TOPIC = f"arn:aws:sns:{REGION}:{ACCOUNT}:trainium-bert-alerts"
 # The only "*" resources: actions that have no resource type in IAM.
 STAR_ACTIONS = {"ecr:GetAuthorizationToken", "cloudwatch:PutMetricData"}
 
@@ -59,7 +60,8 @@ NO_VALUE = object()
 def resolve(node: Any, params: dict[str, str], conditions: dict[str, bool]) -> Any:
     pseudo = {"AWS::Region": REGION, "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::NoValue": NO_VALUE}
     attrs = {"ExecutionRole.Arn": ROLE, "KmsKey.Arn": KEY, "Bucket.Arn": f"arn:aws:s3:::{BUCKET}"}
-    refs = {**params, **pseudo, "Bucket": BUCKET, "ExecutionRole": ROLE.rsplit("/", 1)[1]}
+    refs = {**params, **pseudo, "Bucket": BUCKET, "ExecutionRole": ROLE.rsplit("/", 1)[1],
+            "DeployLambdaRole": "trainium-bert-bootstrap-DeployLambdaRole-XYZ", "AlertsTopic": TOPIC}
 
     def sub(text: str, extra: dict) -> str:
         return re.sub(r"\$\{([^}]+)\}", lambda m: str({**refs, **attrs, **extra}[m.group(1)]), text)
@@ -86,7 +88,8 @@ def resolve(node: Any, params: dict[str, str], conditions: dict[str, bool]) -> A
 
 
 def cfg(**sets: str):
-    return load_config(ROOT / "pipeline.yaml", [f"aws.role_arn={ROLE}", *(f"{k}={v}" for k, v in sets.items())],
+    return load_config(ROOT / "pipeline.yaml", [f"aws.role_arn={ROLE}", f"aws.bucket={BUCKET}",
+                                                *(f"{k}={v}" for k, v in sets.items())],
                        environ={})
 
 
@@ -95,7 +98,8 @@ def rendered(kms: bool = False, config=None) -> dict[str, Any]:
     params = stack_parameters(config or cfg(), bucket="", kms=kms)
     declared = set(TEMPLATE["Parameters"])
     assert set(params) == declared, "bootstrap must pass every template parameter (the unchanged check needs it)"
-    conditions = {"CreateKmsKey": kms, "DefaultBucketName": params["BucketName"] == ""}
+    conditions = {"CreateKmsKey": kms, "DefaultBucketName": params["BucketName"] == "",
+                  "HasAlertEmail": params["AlertEmail"] != ""}
     return {name: resolve(res, params, conditions) for name, res in TEMPLATE["Resources"].items()
             if "Condition" not in res or conditions[res["Condition"]]}
 
@@ -124,32 +128,95 @@ def test_deploy_lambda_and_events_roles_equal_the_printed_policies():
         assert resources[role]["Properties"]["AssumeRolePolicyDocument"] == docs[f"{name}-trust"]
 
 
-def _deploy_calls() -> set[str]:
-    """SageMaker API methods steps/deploy.py uses: every `sm.<method>` (called, or passed to _describe/_create)."""
-    tree = ast.parse((ROOT / "steps" / "deploy.py").read_text())
-    return {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sm"
-    }
+# The clients of the deploy Lambda's modules, by the names the code gives them, and their IAM service prefix.
+CLIENTS = {"sm": "sagemaker", "aas": "application-autoscaling", "s3": "s3", "sns": "sns", "client": "sagemaker"}
+# Grants beyond the calls: what a call needs besides its own action.
+IMPLIED = {
+    "iam:PassRole",  # CreateModel with ExecutionRoleArn
+    "cloudwatch:DescribeAlarms",  # UpdateEndpoint with an AutoRollbackConfiguration (GUARDRAILS_ALARM)
+    "logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",  # the function's own log group
+    # RegisterScalableTarget / PutScalingPolicy: what Application Auto Scaling checks the caller may do to the variant,
+    # the target tracking alarms it makes, and its service-linked role (made on first use in an account)
+    "sagemaker:UpdateEndpointWeightsAndCapacities", "cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms",
+    "iam:CreateServiceLinkedRole",
+}
+
+
+def _lambda_calls() -> set[str]:
+    """The IAM actions of every boto3 call in the zip's modules: `sm.X(...)`, `self.sm.X`, `aas.X`, `self.s3.X`,
+    `self.sns.X`, the runtime `client.invoke_endpoint`, and the operations named to get_paginator."""
+    from pipeline.sagemaker.upsert import LAMBDA_MODULES
+
+    found = set()
+    for module in LAMBDA_MODULES:
+        for node in ast.walk(ast.parse((ROOT / "steps" / module).read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else (
+                owner.attr if isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name)
+                and owner.value.id == "self" else None)
+            if name in CLIENTS and node.attr not in ("exceptions",):
+                found.add((CLIENTS[name], node.attr))
+        for node in ast.walk(ast.parse((ROOT / "steps" / module).read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get_paginator":
+                found.add(("sagemaker", node.args[0].value))
+    return {iam_action(service, method) for service, method in found if method != "get_paginator"}
 
 
 def iam_action(service: str, method: str) -> str:
     return f"{service}:{''.join(part.title() for part in method.split('_'))}"
 
 
-def test_deploy_lambda_role_grants_exactly_what_deploy_py_calls():
-    calls = _deploy_calls()
-    assert {"describe_model_package", "create_model", "create_endpoint", "update_endpoint"} <= calls
-    needed = {iam_action("sagemaker", m) for m in calls} | {
-        "iam:PassRole",  # CreateModel with ExecutionRoleArn
-        "cloudwatch:DescribeAlarms",  # UpdateEndpoint with an AutoRollbackConfiguration (GUARDRAILS_ALARM)
-        "logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",  # the function's own log group
-    }
+def test_deploy_lambda_role_grants_exactly_what_its_code_calls():
+    calls = _lambda_calls()
+    assert {"sagemaker:DescribeModelPackage", "sagemaker:CreateModel", "sagemaker:CreateEndpoint",
+            "sagemaker:UpdateEndpoint", "sagemaker:UpdateModelPackage", "sagemaker:ListModelPackages",
+            "sagemaker:InvokeEndpoint", "application-autoscaling:RegisterScalableTarget",
+            "application-autoscaling:PutScalingPolicy", "s3:GetObject", "sns:Publish"} <= calls
     document = inline(rendered(), "DeployLambdaRole")
-    assert actions(document) == needed
+    assert actions(document) == calls | IMPLIED
     for s in statements(document):
-        assert "*" not in s["Resource"] and not any(a.endswith("*") for a in s["Action"])
+        assert not any(a.endswith("*") for a in s["Action"])
+        if "*" in s["Resource"]:  # IAM has no resource type for it
+            assert s["Action"] == ["sagemaker:ListModelPackages"], s
+    config = cfg()
+    sm = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}"
+    staging, production = f"{sm}:endpoint/trainium-bert-staging", f"{sm}:endpoint/trainium-bert"
+    assert _allowed(document, "sagemaker:InvokeEndpoint", staging)
+    assert not _allowed(document, "sagemaker:InvokeEndpoint", production)  # the test runs on staging only
+    for endpoint in (staging, production):
+        assert _allowed(document, "sagemaker:UpdateEndpoint", endpoint)
+    assert not _allowed(document, "sagemaker:UpdateEndpoint", f"{sm}:endpoint/someone-elses")
+    sample = f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/evaluation/endpoint_sample.jsonl"
+    assert _allowed(document, "s3:GetObject", sample)
+    assert not _allowed(document, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/x.csv")
+    printed = {s["Sid"]: s for s in policies(config)["deploy-lambda-role"]["Statement"]}
+    assert _allowed(document, "sns:Publish", TOPIC) and printed["Alerts"]["Resource"] == [TOPIC]
+    (scaling,) = [s for s in statements(document) if "application-autoscaling:PutScalingPolicy" in s["Action"]]
+    assert scaling["Condition"]["StringEquals"]["application-autoscaling:service-namespace"] == "sagemaker"
+
+
+def test_deploy_lambda_reads_the_sample_through_the_kms_key():
+    (policy,) = [r for r in rendered(kms=True).values() if r["Type"] == "AWS::IAM::Policy"
+                 and r["Properties"]["PolicyName"] == "deploy-lambda-kms"]
+    (decrypt,) = statements(policy["Properties"]["PolicyDocument"])
+    assert decrypt["Action"] == ["kms:Decrypt"] and decrypt["Resource"] == [KEY]
+    printed = statements(policies(cfg(**{"aws.kms_key_id": KEY}))["deploy-lambda-role"])
+    assert {"Sid": "ReadEncryptedSample", "Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": [KEY]} in printed
+
+
+def test_alerts_topic_lets_only_this_pipelines_rules_publish():
+    resources = rendered()
+    topic = resources["AlertsTopic"]["Properties"]
+    assert topic["TopicName"] == "trainium-bert-alerts" and "Subscription" not in topic  # no alerts.email
+    with_email = rendered(config=cfg(**{"alerts.email": "ops@example.com"}))["AlertsTopic"]["Properties"]
+    assert with_email["Subscription"] == [{"Protocol": "email", "Endpoint": "ops@example.com"}]
+    (publish,) = statements(resources["AlertsTopicPolicy"]["Properties"]["PolicyDocument"])
+    assert publish["Principal"] == {"Service": "events.amazonaws.com"} and publish["Action"] == ["sns:Publish"]
+    assert publish["Resource"] == [TOPIC]
+    rules = f"arn:aws:events:{REGION}:{ACCOUNT}:rule/trainium-bert-*"
+    assert publish["Condition"] == {"ArnLike": {"aws:SourceArn": rules}}
 
 
 def test_events_role_may_only_start_this_pipeline():
@@ -217,8 +284,9 @@ def test_execution_role_grants_what_the_steps_need_and_nothing_beyond(kms):
         if step.get("Arguments", {}).get("Tags"):
             needed.add("sagemaker:AddTags")
     resources = rendered(kms)
-    attached = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::IAM::Policy"]
-    assert all(p["Roles"] == [ROLE.rsplit("/", 1)[1]] for p in attached)
+    execution_role = [ROLE.rsplit("/", 1)[1]]
+    attached = [r["Properties"] for r in resources.values()
+                if r["Type"] == "AWS::IAM::Policy" and r["Properties"]["Roles"] == execution_role]
     assert not resources["ExecutionRole"]["Properties"].get("Policies")
     document = {"Statement": [s for p in attached for s in p["PolicyDocument"]["Statement"]]}
     assert actions(document) == needed

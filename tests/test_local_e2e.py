@@ -1,8 +1,10 @@
-"""`run --local` end to end: the real definition, step scripts, training toolkit + torchrun, registry and endpoint.
+"""`run --local` end to end: the real definition, step scripts, training toolkit + torchrun, registry, the staging
+endpoint with its endpoint test, promotion to the production endpoint; then the lifecycle commands on its artifact.
 
 A tiny random BERT (its tokenizer trained on the sample generator's vocabulary) stands in for MiniLM, so that the
-whole pipeline runs in about two minutes on two cores, and still learns: 120 steps on 760 sample reviews score
-about 0.91 on the 80 test rows here, and label clear reviews right.
+whole pipeline runs in a few minutes on two cores, and still learns: 120 steps on 760 sample reviews score about 0.91
+on the 80 test rows here, and label clear reviews right on both endpoints. The endpoint test's accuracy bound allows
+one of its 10 rows to flip (its checks are tested in test_endpoint_check.py and test_endpoint_sample.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 import tarfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pyarrow.parquet as pq
@@ -49,6 +52,10 @@ def setup(tmp_path_factory):
         model, 800, 120,
         "local.overrides.training.learning_rate=0.005",
         f"local.port={free_port()}",
+        f"local.staging_port={free_port()}",
+        "local.processes=2",
+        "deploy.test.max_accuracy_drop=0.1",
+        "deploy.test.p95_ms=60000",
         "evaluation.sample_size=10",  # fewer than the test rows: the gate must still see all of them
     )
     account = LocalBackend(load_config(ROOT / "pipeline.yaml", overrides, environ={}, local=True), folder / "local")
@@ -56,7 +63,8 @@ def setup(tmp_path_factory):
     account.stop_endpoint()
 
 
-def cli(capsys, *args: str) -> tuple[int, str]:
+def cli(capsys, *args: str, split: bool = False) -> tuple[int, Any]:
+    """Run the CLI in-process with the shipped config: (exit code, stdout + stderr, or (stdout, stderr) if split)."""
     argv, sys.argv = sys.argv, ["trainium-pipeline", "--config", str(ROOT / "pipeline.yaml"), *args]
     try:
         main()
@@ -66,7 +74,7 @@ def cli(capsys, *args: str) -> tuple[int, str]:
     finally:
         sys.argv = argv
     out, err = capsys.readouterr()
-    return code, out + err
+    return code, (out, err) if split else out + err
 
 
 def test_run_local_registers_deploys_and_serves(setup, capsys):
@@ -115,22 +123,28 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     assert version.model_data.endswith("/serving/model.tar.gz")  # Evaluate's serving artifact
     assert version.environment["INFERENCE_MAX_TEXTS"] == "256"
 
-    state = account.services.endpoint_state()
-    assert state and state["running"]
-    url = f"http://127.0.0.1:{state['port']}"
+    # The Deploy step: staging, the endpoint test on Evaluate's labelled sample, then (auto-promote) production.
+    metadata = account.registry.get("trainium-bert", 1).customer_metadata
+    assert metadata["staging_test"] == "pass" and metadata["staging_test_errors"] == "0"
+    assert metadata["staging_test_rows"] == "10" and "promoted_at" in metadata  # Evaluate's sample: 10 rows
+    assert "staging test of version 1 on trainium-bert-staging: PASS on 10 rows" in out
+    assert "production trainium-bert: version 1 created" in out
+    url = account.services.endpoint("production").where
     assert f"curl -s {url}/invocations" in out
     with urllib.request.urlopen(f"{url}/ping", timeout=10) as ping:
         assert ping.status == 200
-    runtime = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1")
-    response = runtime.invoke_endpoint(
-        EndpointName="trainium-bert",
-        ContentType="application/json",
-        Accept="application/json",
-        Body=json.dumps({"inputs": list(CLEAR)}),
-    )
-    predictions = json.loads(response["Body"].read())
-    assert [p["label"] for p in predictions] == list(CLEAR.values()), predictions
-    assert all(0.5 <= p["score"] <= 1.0 for p in predictions)
+    for stage, name in (("staging", "trainium-bert-staging"), ("production", "trainium-bert")):
+        runtime = boto3.client("sagemaker-runtime", endpoint_url=account.services.endpoint(stage).where,
+                               region_name="us-east-1")
+        response = runtime.invoke_endpoint(
+            EndpointName=name,
+            ContentType="application/json",
+            Accept="application/json",
+            Body=json.dumps({"inputs": list(CLEAR)}),
+        )
+        predictions = json.loads(response["Body"].read())
+        assert [p["label"] for p in predictions] == list(CLEAR.values()), (stage, predictions)
+        assert all(0.5 <= p["score"] <= 1.0 for p in predictions)
 
 
 def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):
@@ -148,3 +162,41 @@ def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):
     assert steps["AccuracyTooLow"].reason == (  # the whole-split accuracy, as registered by the first run
         f"Accuracy {version.accuracy} is below the threshold 1.01 - the model was not registered."
     )
+
+
+def broken_copy(model_data: Path, folder: Path) -> Path:
+    """The artifact with a handler whose predict_fn raises: it loads, and answers every request with an error."""
+    with tarfile.open(model_data) as archive:
+        archive.extractall(folder, filter="data")
+    with (folder / "code" / "inference.py").open("a") as handler:
+        handler.write("\n\ndef predict_fn(data, model):\n    raise RuntimeError('a broken model')\n")
+    target = folder.parent / f"{folder.name}.tar.gz"
+    with tarfile.open(target, "w:gz") as archive:
+        for path in sorted(folder.iterdir()):
+            archive.add(path, arcname=path.name)
+    return target
+
+
+def test_lifecycle_commands_on_the_run_s_artifact(setup, capsys):
+    folder, overrides, account = setup
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    local = ["--local", "--root", str(folder / "local")]
+    first = account.registry.get("trainium-bert", 1)
+    same = {"metrics": first.metrics_source, "environment": first.environment}
+    copy = account.registry.register("trainium-bert", first.model_data, approval_status="PendingManualApproval", **same)
+    code, out = cli(capsys, *sets, "models", "approve", str(copy.version), *local)
+    assert code == 0 and f"production trainium-bert: version {copy.version} updated" in out, out
+    broken = broken_copy(Path(first.model_data), folder / "broken")
+    bad = account.registry.register("trainium-bert", broken, approval_status="PendingManualApproval", **same)
+    code, out = cli(capsys, *sets, "models", "approve", str(bad.version), *local)
+    assert code == 0 and f"staging test of version {bad.version} on trainium-bert-staging: FAIL" in out, out
+    assert "a broken model" in out and "promoted" not in out
+    code, out = cli(capsys, *sets, "promote", str(bad.version), *local)
+    assert code == 1 and f"version {bad.version} has not passed its staging test: it failed" in out
+    assert account.services.endpoint("production").version == copy.version  # never reached production
+    code, out = cli(capsys, *sets, "models", "reject", str(copy.version), *local)
+    assert code == 0 and f"version {copy.version} is no longer Approved: back to version 1" in out, out
+    assert account.services.endpoint("production").version == 1
+    code, out = cli(capsys, *sets, "endpoints", *local)
+    assert code == 0 and "there is no scaling locally" in out
+    assert [(v.stage, v.version) for v in account.endpoints()] == [("staging", bad.version), ("production", 1)]

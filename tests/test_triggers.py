@@ -9,7 +9,6 @@ event is then given to the deploy handler by hand. Schedule and pipeline targets
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import sys
@@ -17,16 +16,17 @@ import zipfile
 from pathlib import Path
 from unittest import mock
 
-import boto3
 import pytest
 from fixtures_ml import load_step
 
 from pipeline.cli import main
+from pipeline.code import step_module
 from pipeline.config import Triggers, load_config
 from pipeline.errors import ConfigError
 from pipeline.sagemaker import triggers
 from pipeline.sagemaker.aws import AwsError
 from pipeline.sagemaker.policies import policies
+from pipeline.sagemaker.upsert import lambda_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
@@ -34,10 +34,7 @@ BUCKET = "test-data-bucket"
 EVENTS_ROLE = "arn:aws:iam::123456789012:role/EventBridgeStartPipeline"
 EVENT = "SageMaker Model Package State Change"
 
-_spec = importlib.util.spec_from_file_location("deploy_step_for_triggers", ROOT / "steps" / "deploy.py")
-deploy_step = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = deploy_step
-_spec.loader.exec_module(deploy_step)
+deploy_step = step_module("deploy")
 
 
 def with_triggers(cfg, **values):
@@ -156,17 +153,18 @@ def test_apply_twice_leaves_one_copy_of_each_rule_and_target(aws):
         events_role_arn=EVENTS_ROLE,
     )
     first = triggers.apply(cfg, aws)
-    assert [r["action"] for r in first] == ["created"] * 3
+    assert [r["action"] for r in first] == ["created"] * 5  # with the lifecycle's rejection and endpoint rules
     second = triggers.apply(cfg, aws)
-    assert [r["action"] for r in second] == ["unchanged"] * 3
+    assert [r["action"] for r in second] == ["unchanged"] * 5
     names = triggers.rule_names(cfg)
-    assert rules(aws) == sorted(names.values())
+    assert rules(aws) == sorted(n for kind, n in names.items() if kind != "execution-alerts")
     assert [t["Id"] for t in targets(aws, names["deploy-on-approval"])] == ["deploy-lambda"]
     assert [t["Id"] for t in targets(aws, names["schedule"])] == ["start-pipeline"]
     assert [t["Id"] for t in targets(aws, names["on-new-data"])] == ["start-pipeline"]
     assert targets(aws, names["deploy-on-approval"])[0]["Arn"] == cfg.deploy_lambda_arn
     policy = json.loads(aws.client("lambda").get_policy(FunctionName=cfg.deploy.lambda_function_name)["Policy"])
-    (statement,) = policy["Statement"]
+    statement = {s["Sid"]: s for s in policy["Statement"]}[names["deploy-on-approval"]]
+    assert len(policy["Statement"]) == 3  # one per rule that invokes the deploy Lambda
     assert statement["Principal"] == {"Service": "events.amazonaws.com"}
     assert statement["Condition"]["ArnLike"]["AWS:SourceArn"].endswith(f"rule/{names['deploy-on-approval']}")
     # An option turned off loses its rule on the next apply.
@@ -175,8 +173,10 @@ def test_apply_twice_leaves_one_copy_of_each_rule_and_target(aws):
         names["deploy-on-approval"]: "unchanged",
         names["schedule"]: "deleted",
         names["on-new-data"]: "deleted",
+        names["rollback-on-reject"]: "unchanged",
+        names["endpoint-state"]: "unchanged",
     }
-    assert rules(aws) == [names["deploy-on-approval"]]
+    assert rules(aws) == sorted([names["deploy-on-approval"], names["rollback-on-reject"], names["endpoint-state"]])
 
 
 def test_approval_rule_matches_approved_versions_of_our_group_only(aws, lambda_deliveries, monkeypatch):
@@ -209,16 +209,15 @@ def test_approval_rule_matches_approved_versions_of_our_group_only(aws, lambda_d
         (group, "Approved")
     ]
     assert bodies[0]["detail-type"] == EVENT and bodies[0]["source"] == "aws.sagemaker"
-    assert len(lambda_deliveries) == 1
+    assert len(lambda_deliveries) == 3  # Approved (this rule), Rejected and PendingManualApproval (rollback-on-reject)
 
-    # The deploy handler, given the delivered event, deploys the version it names.
-    monkeypatch.setenv("ENDPOINT_NAME", cfg.deploy.endpoint_name)
-    monkeypatch.setenv("SAGEMAKER_ROLE_ARN", cfg.aws.role_arn)
-    monkeypatch.setattr(boto3, "client", lambda service, **kw: sm)
+    # The deploy handler, given the delivered event, deploys the version it names to staging.
+    for key, value in lambda_environment(cfg).items():
+        monkeypatch.setenv(key, value)
     result = deploy_step.lambda_handler(bodies[0], None)
-    assert result["action"] == "created" and result["model_name"] == f"{group}-v1"
+    assert result["action"] == "created" and result["endpoint_name"] == cfg.deploy.staging_endpoint_name
     assert (
-        sm.describe_endpoint(EndpointName=cfg.deploy.endpoint_name)["EndpointConfigName"]
+        sm.describe_endpoint(EndpointName=cfg.deploy.staging_endpoint_name)["EndpointConfigName"]
         == result["endpoint_config_name"]
     )
 
@@ -249,7 +248,7 @@ def test_schedule_rule_starts_the_pipeline_with_parameters_and_role(aws):
     ]
     listed = {r["kind"]: r for r in triggers.list_(cfg, aws)}
     assert listed["schedule"]["targets"][0]["parameters"] == {"Epochs": "1", "InputData": "s3://b/new/"}
-    assert set(listed) == {"deploy-on-approval", "schedule"}
+    assert set(listed) == {"deploy-on-approval", "schedule", "rollback-on-reject", "endpoint-state"}
 
 
 def test_new_data_rule_watches_the_input_prefix(aws):
@@ -430,7 +429,8 @@ def test_delete_removes_exactly_what_apply_made(aws):
     cfg = config()
     aws.client("events").put_rule(Name="someone-elses-rule", ScheduleExpression="rate(1 day)")
     triggers.apply(with_triggers(cfg, schedule="rate(1 day)", on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
-    assert sorted(triggers.delete(cfg, aws)) == sorted(triggers.rule_names(cfg).values())
+    made = [n for kind, n in triggers.rule_names(cfg).items() if kind != "execution-alerts"]  # no alerts topic
+    assert sorted(triggers.delete(cfg, aws)) == sorted(made)
     assert rules(aws) == ["someone-elses-rule"]
     assert triggers.list_(cfg, aws) == []
     assert triggers.delete(cfg, aws) == []
@@ -441,7 +441,7 @@ def test_print_only_makes_no_calls_and_options_need_a_role(aws):
     planned = triggers.apply(
         with_triggers(cfg, schedule="rate(1 day)", events_role_arn=EVENTS_ROLE), None, print_only=True
     )
-    assert [p["action"] for p in planned] == ["planned", "planned"]
+    assert [p["action"] for p in planned] == ["planned"] * 4
     assert planned[0]["rule"]["EventPattern"]["detail"]["ModelApprovalStatus"] == ["Approved"]
     assert rules(aws) == []
     with pytest.raises(ValueError, match="events_role_arn"):
@@ -473,8 +473,8 @@ def test_policies_are_least_privilege():
     assert set(docs) == {"deploy-lambda-role", "deploy-lambda-trust", "events-role", "events-trust"}
     actions = [a for s in docs["deploy-lambda-role"]["Statement"] for a in s["Action"]]
     assert "sagemaker:DeleteEndpoint" not in actions and not any(a.endswith("*") for a in actions)
-    resources = [r for s in docs["deploy-lambda-role"]["Statement"] for r in s["Resource"]]
-    assert "*" not in resources
+    anywhere = [s["Action"] for s in docs["deploy-lambda-role"]["Statement"] if "*" in s["Resource"]]
+    assert anywhere == [["sagemaker:ListModelPackages"]]  # IAM has no resource type for it
     (start,) = docs["events-role"]["Statement"]
     assert start["Action"] == ["sagemaker:StartPipelineExecution"]
     assert start["Resource"] == [cfg.pipeline_arn]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pipeline.records import Approval, Deployment, ExecutionView, OnUpdate, RunSummary, Upserted, VersionView
+from pipeline.records import Approval, Changes, ExecutionView, OnUpdate, RunSummary, StageView, Upserted, VersionView
 
 if TYPE_CHECKING:
     from pipeline.config import Config
@@ -57,15 +57,23 @@ class Backend(Protocol):
 
     def describe_version(self, version: int) -> dict: ...
 
-    def set_status(self, version: int, status: str, note: str) -> Approval: ...
+    def set_status(self, version: int, status: str, note: str) -> Approval:
+        """Approve (to staging, tested there), reject or reset a version (a rollback where it was served)."""
 
-    def deploy(self, version: int) -> Deployment: ...
+    def deploy(self, version: int) -> Changes:
+        """Send an Approved version to the staging endpoint and test it there."""
+
+    def promote(self, version: int) -> Changes:
+        """Send a version whose staging test passed to production; refused with the reason otherwise."""
+
+    def endpoints(self) -> list[StageView]:
+        """The staging and production endpoints: version, status, instances, scaling, last test."""
 
     def serve(self, version: int | None, port: int | None, on_ready: Callable[[str, VersionView], None]) -> None:
         """Serve a version (default: the latest Approved) on 127.0.0.1 in the foreground until Ctrl-C."""
 
     def stop_endpoint(self) -> bool:
-        """Stop the endpoint left running in the background; False when none was running."""
+        """Stop the endpoints left running in the background; False when none was running."""
 
     def cost(self, execution: str | None) -> ExecutionCost: ...
 

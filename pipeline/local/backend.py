@@ -16,14 +16,15 @@ from pipeline.dag.graph import changed_steps
 from pipeline.dag.parameters import resolve
 from pipeline.dag.selection import RERUN, Selection, Source, check_retry, inherit, select
 from pipeline.errors import UserError
+from pipeline.local.account import NO_SCALING, endpoint_check, lifecycle
 from pipeline.local.cost import local_costs
-from pipeline.local.endpoint import serve_forever
+from pipeline.local.endpoint import serve_forever, stop_background
 from pipeline.local.execution import Execution, ExecutionNotFound, StepRecord
 from pipeline.local.registry import ModelVersion, Registry
 from pipeline.local.runner import LocalRunner
 from pipeline.local.services import LocalServices
 from pipeline.local.storage import DEFINITION_FILE, LOCAL_ARN, RECORD_FILE, Layout
-from pipeline.records import Approval, Deployment, Upserted, VersionView, run_summary
+from pipeline.records import Approval, Changes, StageView, Upserted, VersionView, changes, run_summary
 
 if TYPE_CHECKING:
     from pipeline.records import ExecutionView, OnUpdate, RunSummary
@@ -65,7 +66,7 @@ class LocalBackend:
         stored = self.layout.pipeline_definition(self.pipeline)
         report = Upserted(action="updated" if stored.exists() else "created",
                           pipeline_arn=f"{LOCAL_ARN}:pipeline/{self.pipeline.lower()}",
-                          deploy_function="local (steps/deploy.py's local counterpart)")
+                          deploy_function="local (steps/deploy.py on the local account)")
         for bundle in bundles().values():
             for uri, data in bundle.uploads(self.cfg.s3_root).items():
                 if self.s3.path(uri).exists():
@@ -188,17 +189,19 @@ class LocalBackend:
             log = Path(steps[step].log) if steps[step].log else None
             return log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if log and log.exists() else []
 
-        return run_summary(
+        summary = run_summary(
             execution,
             report=self._evaluation(steps.get(contract.EVALUATE)),
             registered=registered,
             group=self.group,
-            deployed=deploy.properties.get("OutputParameters", {}) if deploy and deploy.status == "Succeeded" else None,
-            endpoint=self.cfg.deploy.endpoint_name,
+            deployed=self._deployed(deploy, registered),
+            endpoint=self.cfg.deploy.staging_endpoint_name,
             artifacts=str(self.layout.execution(execution.pipeline, execution.id)),
             local=True,
             log_tail=log_tail,
         )
+        summary.lifecycle = list(self.services.step_lines)
+        return summary
 
     def versions(self, status: str | None) -> list[VersionView]:
         return [version_view(v) for v in self.registry.list(self.group, status=status)]
@@ -206,18 +209,35 @@ class LocalBackend:
     def describe_version(self, version: int) -> dict:
         return self.registry.get(self.group, version).describe()
 
+    def _deployed(self, deploy: StepRecord | None, registered: VersionView | None) -> dict | None:
+        """The Deploy step's outputs; production's endpoint instead when it serves the registered version."""
+        if deploy is None or deploy.status != "Succeeded":
+            return None
+        production = self.services.endpoint(lifecycle.PRODUCTION)
+        if registered and production.version == registered.version:
+            return {"endpoint_name": production.name, "action": "promoted", "url": production.where}
+        return deploy.properties.get("OutputParameters", {})
+
     def set_status(self, version: int, status: str, note: str) -> Approval:
-        """Approving deploys at once, as the deploy-on-approval rule does on AWS."""
-        changed = self.registry.set_status(self.group, version, status, note)
-        deployment = self._deploy(changed) if status == contract.APPROVED else None
-        return Approval(version_view(changed), deployment)
+        """Approving deploys to staging and tests at once, as the approval rule does on AWS; rejecting rolls back."""
+        changed, outcomes = self.services.set_status(version, status, note)
+        return Approval(version_view(changed), changes(outcomes))
 
-    def _deploy(self, version: ModelVersion) -> Deployment:
-        result = self.services.deploy(version)
-        return Deployment(self.cfg.deploy.endpoint_name, result["action"], result["url"])
+    def deploy(self, version: int) -> Changes:
+        return changes(self.services.deploy(version))
 
-    def deploy(self, version: int) -> Deployment:
-        return self._deploy(self.registry.get(self.group, version))
+    def promote(self, version: int) -> Changes:
+        return changes(self.services.promote(version))
+
+    def endpoints(self) -> list[StageView]:
+        views = []
+        for stage in lifecycle.STAGES:
+            endpoint = self.services.endpoint(stage)
+            served = self.services.account.version(endpoint.version) if endpoint.version else None
+            test = endpoint_check.last_test(served.metadata) if served else "-"
+            views.append(StageView(stage, endpoint.name, endpoint.version, endpoint.status or "absent",
+                                   str(endpoint.instances or 0), NO_SCALING, test, endpoint.where))
+        return views
 
     def serve(self, version: int | None, port: int | None, on_ready: Callable[[str, VersionView], None]) -> None:
         chosen = self.registry.get(self.group, version) if version else self.registry.latest_approved(self.group)
@@ -233,7 +253,9 @@ class LocalBackend:
         )
 
     def stop_endpoint(self) -> bool:
-        return self.services.stop_endpoint()
+        """Stop both local endpoints; False when neither was running."""
+        names = self.services.account.names
+        return any([stop_background(self.layout.endpoint_state(names[stage])) for stage in lifecycle.STAGES])
 
     def cost(self, execution: str | None) -> ExecutionCost:
         chosen = self.record(execution)

@@ -273,6 +273,17 @@ class Registry:
                 raise ModelNotFoundError(f"model package {group}/{version} does not exist")
             return self._get(db, group, version)
 
+    def update_metadata(self, group: str, version: int, values: Mapping[str, str]) -> ModelVersion:
+        """Merge `values` into the version's customer metadata (UpdateModelPackage's CustomerMetadataProperties)."""
+        with self._transaction(write=True) as db:
+            current = self._get(db, group, version)
+            merged = {**current.customer_metadata, **{str(k): str(v) for k, v in values.items()}}
+            db.execute(
+                "UPDATE model_packages SET customer_metadata = ?, modified = ? WHERE group_name = ? AND version = ?",
+                (json.dumps(merged), _now(), group, int(version)),
+            )
+            return self._get(db, group, version)
+
     def approve(self, group: str, version: int, note: str = "") -> ModelVersion:
         """Shorthand for set_status(group, version, "Approved", note)."""
         return self.set_status(group, version, APPROVED, note)

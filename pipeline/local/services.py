@@ -1,38 +1,65 @@
-"""What the pipeline's steps call in an AWS account, played on this machine: CreateModelPackage into the SQLite
-registry, and the deploy Lambda, which serves an Approved version on the detached local endpoint (created, updated
-or unchanged, as steps/deploy.py does on SageMaker)."""
+"""What the pipeline's steps and the lifecycle commands call in an AWS account, played on this machine:
+CreateModelPackage into the SQLite registry, the deploy Lambda (steps/deploy.py's `step`, the same code), and the
+lifecycle of steps/lifecycle.py (approve, reject, promote, deploy) on the local account (pipeline.local.account).
+
+Every lifecycle action holds an exclusive lock on the local root (endpoints/lifecycle.lock), so concurrent commands
+(`models approve 2 --local & models approve 3 --local`) end as some serial order of them would.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import fcntl
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
+from pipeline.code import step_module
 from pipeline.config import Config
 from pipeline.contract import APPROVED, PENDING
 from pipeline.errors import UserError
-from pipeline.local.endpoint import read_state, start_background, stop_background
+from pipeline.local.account import LocalAccount, lifecycle
 from pipeline.local.jobs import StepFailed
-from pipeline.local.registry import ModelVersion, Registry
+from pipeline.local.registry import Registry
 from pipeline.local.storage import Layout
+
+deploy_handler = step_module("deploy")
 
 
 class DeployRefused(UserError, ValueError):
-    """A model version that is not Approved was asked to be deployed."""
+    """A lifecycle request that cannot be done (a version not Approved, not tested, a failed deploy): one line."""
 
 
-def endpoint_url(state: dict) -> str:
-    return state.get("url") or f"http://{state.get('host', '127.0.0.1')}:{state['port']}"
+def policy(cfg: Config) -> Any:
+    """The lifecycle's settings from the config (the Lambda gets the same from its environment)."""
+    test = cfg.deploy.test
+    return lifecycle.Policy(auto_promote=cfg.deploy.auto_promote, test_rows=test.rows,
+                            max_accuracy_drop=test.max_accuracy_drop, p95_ms=test.p95_ms)
 
 
 class LocalServices:
-    """The local account's model registry, deploy function and endpoints."""
+    """The local account's model registry, deploy function, lifecycle and endpoints."""
 
     def __init__(self, cfg: Config, layout: Layout, registry: Registry) -> None:
         self.layout = layout
         self.s3 = layout.s3
         self.registry = registry
+        self.group = cfg.pipeline.model_package_group
         self.deploy_function = cfg.deploy.lambda_function_name
-        self.endpoint = cfg.deploy.endpoint_name
-        self.port = cfg.local.port
+        self.account = LocalAccount(cfg, layout, registry)
+        self.policy = policy(cfg)
+        self.step_lines: list[str] = []  # what the Deploy steps of this process did, for the run's summary
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """One lifecycle action at a time on this local root (an exclusive flock, released if the process dies)."""
+        path = self.layout.lifecycle_lock
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def register_model(self, args: dict) -> dict:
         """CreateModelPackage: a new version in the local registry, with the evaluation report as its metrics."""
@@ -54,40 +81,50 @@ class LocalServices:
         return {"ModelPackageArn": version.arn, "ModelPackageVersion": version.version}
 
     def invoke_lambda(self, function_arn: str, inputs: dict) -> dict:
-        """Lambda steps: the deploy function is ours; any other function cannot run locally."""
+        """Lambda steps: the deploy function is ours (its own `step`, here on the local account); any other function
+        cannot run locally. Returns the step's output parameters."""
         if function_arn.rsplit(":", 1)[-1] != self.deploy_function:
             raise StepFailed(f"Lambda function {function_arn} has no local implementation")
-        _, group, number = inputs["model_package_arn"].rsplit("/", 2)
         try:
-            return self.deploy(self.registry.get(group, int(number)), inputs.get("endpoint_name"))
-        except DeployRefused as refused:
+            with self.lock():
+                done = deploy_handler.step(self.account, self.policy, inputs["model_package_arn"])
+        except (lifecycle.Refused, lifecycle.DeployError) as refused:
             raise StepFailed(str(refused)) from None
+        self.step_lines += [o["line"] for o in done["outcomes"]]
+        where = next((o.get("where", "") for o in done["outcomes"] if o.get("endpoint_config_name")), "")
+        return {"action": done["action"], "endpoint_config_name": done["endpoint_config_name"],
+                "endpoint_name": done["endpoint_name"], "url": where}
 
-    def deploy(self, version: ModelVersion, endpoint: str | None = None) -> dict:
-        """Serve `version` on the local endpoint (created or updated); refuses anything not Approved."""
-        endpoint = endpoint or self.endpoint
-        if version.status != APPROVED:
-            raise DeployRefused(
-                f"model version {version.version} is {version.status}, not Approved: approve it first "
-                f"(trainium-pipeline models approve {version.version} --local)"
-            )
-        state = self.endpoint_state(endpoint)
-        config_name = f"{endpoint}-v{version.version}"
-        if state and state.get("running") and str(state.get("version")) == str(version.version):
-            return {"endpoint_config_name": config_name, "action": "unchanged", "url": endpoint_url(state)}
-        action = "updated" if state and state.get("running") else "created"
-        state = start_background(
-            Path(version.model_data),
-            endpoint,
-            self.port,
-            self.layout.endpoint_state(endpoint),
-            version=str(version.version),
-            environment=version.environment,
-        )
-        return {"endpoint_config_name": config_name, "action": action, "url": endpoint_url(state)}
+    def _run(self, action: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        with self.lock():
+            try:
+                return action(lifecycle.Lifecycle(self.account, self.policy))
+            except lifecycle.Refused as e:
+                raise DeployRefused(str(e)) from None
 
-    def stop_endpoint(self, endpoint: str | None = None) -> bool:
-        return stop_background(self.layout.endpoint_state(endpoint or self.endpoint))
+    def set_status(self, number: int, status: str, note: str) -> tuple[Any, list[dict[str, Any]]]:
+        """Approve (staging deploys and tests it), reject or reset a version (a rollback where it served), under the
+        lock: the registry change and what follows from it are one step."""
+        changed: list = []
+
+        def change(life: Any) -> list[dict[str, Any]]:
+            changed.append(self.registry.set_status(self.group, number, status, note))
+            return life.reconcile(lifecycle.STAGING) if status == APPROVED else life.on_change()
+
+        outcomes = self._run(change)
+        return changed[0], outcomes
+
+    def promote(self, number: int) -> list[dict[str, Any]]:
+        return self._run(lambda life: life.promote(number))
+
+    def deploy(self, number: int) -> list[dict[str, Any]]:
+        """`deploy N`: to staging, tested there (then promoted if deploy.auto_promote)."""
+        return self._run(lambda life: life.deploy(number))
+
+    def endpoint(self, stage: str) -> Any:
+        return self.account.endpoint(stage)
 
     def endpoint_state(self, endpoint: str | None = None) -> dict | None:
-        return read_state(self.layout.endpoint_state(endpoint or self.endpoint))
+        """The state of a stage's endpoint process (default production), or None when it does not run."""
+        stage = lifecycle.STAGING if endpoint == self.account.names[lifecycle.STAGING] else lifecycle.PRODUCTION
+        return self.account.state(stage)

@@ -6,7 +6,9 @@
                                            working folder per step
     cache/<pipeline>/<key>.json            step caching: the properties of a job step, by its cache key
     registry.sqlite                        the model registry
-    endpoints/<endpoint>.json              the state of a detached local endpoint
+    endpoints/<endpoint>.json              the state of a detached local endpoint (staging and production)
+    endpoints/lifecycle.lock               held by every deploy, approval, rejection, promotion: one at a time
+    alerts.jsonl                           the lifecycle's alerts (what goes to the SNS topic on AWS), one per line
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ class Layout:
 
     def endpoint_state(self, endpoint: str) -> Path:
         return self.root / "endpoints" / f"{endpoint}.json"
+
+    @property
+    def lifecycle_lock(self) -> Path:
+        return self.root / "endpoints" / "lifecycle.lock"
+
+    @property
+    def alerts(self) -> Path:
+        return self.root / "alerts.jsonl"
 
 
 class LocalS3:

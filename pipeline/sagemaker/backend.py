@@ -7,20 +7,20 @@ import io
 import json
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline import contract
-from pipeline.code import load_deploy_handler
+from pipeline.code import step_module
 from pipeline.config import Config
 from pipeline.cost import ExecutionCost
 from pipeline.dag.parameters import ParameterError, as_request, resolve
 from pipeline.dag.selection import RERUN, Selection, check_retry, inherit, select
 from pipeline.errors import UserError
-from pipeline.records import Approval, Deployment, VersionView, run_summary
+from pipeline.records import Approval, Changes, StageView, VersionView, changes, run_summary
 from pipeline.sagemaker import executions, registry
 from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
 from pipeline.sagemaker.cost import sagemaker_costs
-from pipeline.sagemaker.upsert import upsert
+from pipeline.sagemaker.upsert import lambda_environment, upsert
 
 if TYPE_CHECKING:
     from pipeline.records import ExecutionView, OnUpdate, RunSummary, Upserted
@@ -144,7 +144,7 @@ class SageMakerBackend:
             registered=registered,
             group=self.group,
             deployed={o["Name"]: o["Value"] for o in deployed} if deployed else None,
-            endpoint=self.cfg.deploy.endpoint_name,
+            endpoint=self.cfg.deploy.staging_endpoint_name,
             artifacts=f"{self.cfg.s3_root}/executions/{execution.id}",
             local=False,
         )
@@ -155,32 +155,59 @@ class SageMakerBackend:
     def describe_version(self, version: int) -> dict:
         return registry.describe(self.aws, self.group, version)
 
-    def set_status(self, version: int, status: str, note: str) -> Approval:
-        changed = version_view(registry.set_status(self.aws, self.group, version, status, note))
-        hint = ""
-        if status == contract.APPROVED:
-            hint = f"the deploy-on-approval rule (triggers apply) deploys it, or: trainium-pipeline deploy {version}"
-        return Approval(changed, None, hint)
+    @cached_property
+    def account(self) -> Any:  # steps/sagemaker_account.py's SageMakerAccount
+        """The lifecycle's account with the deploy Lambda's settings (from the config) and this CLI's credentials."""
+        account = step_module("sagemaker_account")
+        return account.SageMakerAccount.from_boto3(account.Settings.from_env(lambda_environment(self.cfg)),
+                                                   self.aws.session)
 
-    def deploy(self, version: int) -> Deployment:
-        handler = load_deploy_handler()
-        arn = registry.describe(self.aws, self.group, version)["arn"]
-        settings = self.cfg.deploy
+    def _lifecycle(self, what: str, action: Callable) -> list[dict]:
+        """Run a lifecycle action with this CLI's credentials (the deploy Lambda does the same on events)."""
+        lifecycle = step_module("lifecycle")
         try:
-            with explained(f"deploy version {version}"):
-                result = handler.deploy(
-                    self.aws.sagemaker,
-                    arn,
-                    settings.endpoint_name,
-                    settings.instance_type,
-                    settings.instance_count,
-                    role_arn=self.cfg.aws.role_arn,
-                    data_capture_s3_uri=settings.data_capture_s3_uri,
-                    guardrails_alarm=settings.guardrails_alarm,
-                )
-        except (handler.NotApproved, handler.DeployError) as e:
+            with explained(what):
+                return action(lifecycle.Lifecycle(self.account, self.account.settings.policy))
+        except lifecycle.Refused as e:
             raise AwsError(str(e)) from None
-        return Deployment(result["endpoint_name"], result["action"], f"config {result['endpoint_config_name']}")
+
+    def set_status(self, version: int, status: str, note: str) -> Approval:
+        """Approving sends the version to staging at once (the approval rule would too: both are idempotent);
+        rejecting rolls back where it was served."""
+        changed = version_view(registry.set_status(self.aws, self.group, version, status, note))
+        stage = step_module("lifecycle").STAGING
+        outcomes = self._lifecycle(f"reconcile the endpoints after {status.lower()} version {version}",
+                                   lambda life: life.reconcile(stage) if status == contract.APPROVED
+                                   else life.on_change())
+        return Approval(changed, changes(outcomes))
+
+    def deploy(self, version: int) -> Changes:
+        return changes(self._lifecycle(f"deploy version {version} to staging",
+                                       lambda life: life.deploy(version)))
+
+    def promote(self, version: int) -> Changes:
+        return changes(self._lifecycle(f"promote version {version}",
+                                       lambda life: life.promote(version)))
+
+    def endpoints(self) -> list[StageView]:
+        lifecycle, check = step_module("lifecycle"), step_module("endpoint_check")
+        endpoints = step_module("sagemaker_endpoints")
+        views = []
+        with explained("describe the staging and production endpoints"):
+            for stage in lifecycle.STAGES:
+                endpoint = self.account.endpoint(stage)
+                served = self.account.version(endpoint.version) if endpoint.version else None
+                scaling = "none (staging)"
+                if stage == lifecycle.PRODUCTION:
+                    targets = self.aws.client("application-autoscaling").describe_scalable_targets(
+                        ServiceNamespace="sagemaker", ResourceIds=[endpoints.scaling_resource(endpoint.name)],
+                        ScalableDimension=endpoints.DIMENSION)["ScalableTargets"]
+                    scaling = (f"{targets[0]['MinCapacity']}-{targets[0]['MaxCapacity']} instances" if targets
+                               else "not applied yet")
+                views.append(StageView(stage, endpoint.name, endpoint.version, endpoint.status or "absent",
+                                       str(endpoint.instances or 0), scaling,
+                                       check.last_test(served.metadata) if served else "-", endpoint.where))
+        return views
 
     def serve(self, version: int | None, port: int | None, on_ready: Callable[[str, VersionView], None]) -> None:
         raise UserError("serve runs a version of the local registry on this machine; a SageMaker version is served "

@@ -1,5 +1,5 @@
 """`bootstrap`: the account's infrastructure as one CloudFormation stack (infra/template.yaml: bucket, the three
-roles, model package group), and its outputs into pipeline.yaml. Logic only: the CLI renders."""
+roles, model package group, alerts topic), and its outputs into pipeline.yaml. Logic only: the CLI renders."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ OUTPUT_KEYS = {
     "DeployLambdaRoleArn": "deploy.lambda_role_arn",
     "EventsRoleArn": "triggers.events_role_arn",
     "ModelPackageGroupName": "pipeline.model_package_group",
+    "AlertsTopicArn": "alerts.topic_arn",
     "KmsKeyArn": "aws.kms_key_id",
 }
 # images.<key> -> template parameter naming its ECR repository
@@ -76,6 +77,7 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
         ("pipeline.name", cfg.pipeline.name, 256),
         ("pipeline.model_package_group", cfg.pipeline.model_package_group, 50),
         ("deploy.endpoint_name", cfg.deploy.endpoint_name, 40),
+        ("deploy.staging.endpoint_name", cfg.deploy.staging_endpoint_name, 40),
     ]
     for key, value, most in checks:
         if value != value.lower() or len(value) > most:
@@ -94,6 +96,8 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
         **({} if bucket is None else {"BucketName": bucket}),
         "ModelPackageGroupName": cfg.pipeline.model_package_group,
         "EndpointName": cfg.deploy.endpoint_name,
+        "StagingEndpointName": cfg.deploy.staging_endpoint_name,
+        "AlertEmail": cfg.alerts.email or "",
         "LambdaFunctionName": cfg.deploy.lambda_function_name,
         **({} if kms is None else {"UseKmsKey": "true" if kms else "false"}),
         "CheckpointExpirationDays": "30",

@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 from pipeline.config import Config
+from pipeline.contract import EVALUATION_OUTPUT, SAMPLE_FILE
+
+AUTOSCALING_SLR = ("role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
+                   "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
+
+
+def kms_key_arn(cfg: Config) -> str:
+    key = cfg.aws.kms_key_id or ""
+    return key if key.startswith("arn:") else f"arn:aws:kms:{cfg.aws.region}:{cfg.aws.account}:key/{key}"
+
+
+def alerts_topic_arn(cfg: Config) -> str:
+    """alerts.topic_arn, else the topic the bootstrap stack names <pipeline>-alerts."""
+    return cfg.alerts.topic_arn or f"arn:aws:sns:{cfg.aws.region}:{cfg.aws.account}:{cfg.pipeline.name}-alerts"
 
 
 def policies(cfg: Config) -> dict[str, dict]:
@@ -11,15 +25,24 @@ def policies(cfg: Config) -> dict[str, dict]:
     sm = f"arn:aws:sagemaker:{region}:{account}"
     group = cfg.pipeline.model_package_group.lower()
     endpoint = cfg.deploy.endpoint_name.lower()
+    staging = cfg.deploy.staging_endpoint_name.lower()
     function = cfg.deploy.lambda_function_name
+    configs = [f"{sm}:endpoint-config/{endpoint[:40]}*", f"{sm}:endpoint-config/{staging[:40]}*"]
+    sample = f"executions/*/{EVALUATION_OUTPUT}/{SAMPLE_FILE}"  # what Evaluate writes for the endpoint test
     deploy_role = {
         "Version": "2012-10-17",
         "Statement": [
             {
-                "Sid": "ReadModelPackages",
+                "Sid": "ModelPackages",
                 "Effect": "Allow",
-                "Action": ["sagemaker:DescribeModelPackage"],
+                "Action": ["sagemaker:DescribeModelPackage", "sagemaker:UpdateModelPackage"],
                 "Resource": [f"{sm}:model-package/{group}/*"],
+            },
+            {  # IAM has no resource type for ListModelPackages: "*" (it lists names and statuses only)
+                "Sid": "ListModelPackages",
+                "Effect": "Allow",
+                "Action": ["sagemaker:ListModelPackages"],
+                "Resource": ["*"],
             },
             {
                 "Sid": "CreateModels",
@@ -31,13 +54,61 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Sid": "EndpointConfigs",
                 "Effect": "Allow",
                 "Action": ["sagemaker:CreateEndpointConfig", "sagemaker:DescribeEndpointConfig"],
-                "Resource": [f"{sm}:endpoint-config/{endpoint[:40]}*"],
+                "Resource": configs,
             },
             {
-                "Sid": "Endpoint",
+                "Sid": "Endpoints",
                 "Effect": "Allow",
                 "Action": ["sagemaker:CreateEndpoint", "sagemaker:UpdateEndpoint", "sagemaker:DescribeEndpoint"],
-                "Resource": [f"{sm}:endpoint/{endpoint}", f"{sm}:endpoint-config/{endpoint[:40]}*"],
+                "Resource": [f"{sm}:endpoint/{endpoint}", f"{sm}:endpoint/{staging}", *configs],
+            },
+            {
+                "Sid": "TestStaging",
+                "Effect": "Allow",
+                "Action": ["sagemaker:InvokeEndpoint"],
+                "Resource": [f"{sm}:endpoint/{staging}"],
+            },
+            {
+                "Sid": "ReadTestSample",
+                "Effect": "Allow",
+                "Action": ["s3:GetObject"],
+                "Resource": [f"arn:aws:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{sample}"],
+            },
+            {  # what Application Auto Scaling checks that its caller may do to the variant (beside Describe*)
+                "Sid": "ScaledEndpoint",
+                "Effect": "Allow",
+                "Action": ["sagemaker:UpdateEndpointWeightsAndCapacities"],
+                "Resource": [f"{sm}:endpoint/{endpoint}"],
+            },
+            {  # a scalable target's ARN has a random id: scoped to SageMaker variants by the condition keys
+                "Sid": "Autoscaling",
+                "Effect": "Allow",
+                "Action": ["application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScalingPolicy",
+                           "application-autoscaling:DeleteScalingPolicy",
+                           "application-autoscaling:DeregisterScalableTarget"],
+                "Resource": [f"arn:aws:application-autoscaling:{region}:{account}:scalable-target/*"],
+                "Condition": {"StringEquals": {"application-autoscaling:service-namespace": "sagemaker",
+                                               "application-autoscaling:scalable-dimension":
+                                                   "sagemaker:variant:DesiredInstanceCount"}},
+            },
+            {  # target tracking's alarms, made and removed with the caller's permissions
+                "Sid": "TargetTrackingAlarms",
+                "Effect": "Allow",
+                "Action": ["cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms"],
+                "Resource": [f"arn:aws:cloudwatch:{region}:{account}:alarm:TargetTracking-endpoint/{endpoint}/*"],
+            },
+            {  # the first scalable SageMaker variant of an account creates Application Auto Scaling's role
+                "Sid": "AutoscalingRole",
+                "Effect": "Allow",
+                "Action": ["iam:CreateServiceLinkedRole"],
+                "Resource": [f"arn:aws:iam::{account}:{AUTOSCALING_SLR}"],
+                "Condition": {"StringLike": {"iam:AWSServiceName": "sagemaker.application-autoscaling.amazonaws.com"}},
+            },
+            {
+                "Sid": "Alerts",
+                "Effect": "Allow",
+                "Action": ["sns:Publish"],
+                "Resource": [alerts_topic_arn(cfg)],
             },
             {
                 "Sid": "PassModelRole",
@@ -52,6 +123,12 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Action": ["cloudwatch:DescribeAlarms"],
                 "Resource": [f"arn:aws:cloudwatch:{region}:{account}:alarm:*"],
             },
+            *([{
+                "Sid": "ReadEncryptedSample",
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt"],
+                "Resource": [kms_key_arn(cfg)],
+            }] if cfg.aws.kms_key_id else []),
             {
                 "Sid": "Logs",
                 "Effect": "Allow",

@@ -1,4 +1,5 @@
-"""EventBridge triggers: deploy on approval, run on a schedule, run on new data.
+"""EventBridge triggers: deploy on approval, run on a schedule, run on new data, and the model lifecycle's rules
+(rollback on reject, endpoint state changes to the deploy Lambda, execution alerts to the alerts topic).
 
 Each rule has a deterministic name derived from the pipeline name, so `apply` is idempotent (put_rule
 and put_targets overwrite), and `delete` removes exactly what `apply` made. An option that is turned
@@ -18,8 +19,8 @@ from pipeline.contract import APPROVED, MODEL_PACKAGE_EVENT
 from pipeline.dag.parameters import ParameterError, resolve
 from pipeline.errors import ConfigError
 from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
+from pipeline.sagemaker.lifecycle_rules import DEPLOY_TARGET_ID, LIFECYCLE_KINDS, lifecycle_rules
 
-DEPLOY_TARGET_ID = "deploy-lambda"
 PIPELINE_TARGET_ID = "start-pipeline"
 MAX_RULE_NAME = 64
 
@@ -35,7 +36,8 @@ def rule_name(pipeline_name: str, kind: str) -> str:
 
 def rule_names(cfg: Config) -> dict[str, str]:
     """kind -> rule name, in the order apply creates them."""
-    return {kind: rule_name(cfg.pipeline.name, kind) for kind in ("deploy-on-approval", "schedule", "on-new-data")}
+    kinds = ("deploy-on-approval", "schedule", "on-new-data", *LIFECYCLE_KINDS)
+    return {kind: rule_name(cfg.pipeline.name, kind) for kind in kinds}
 
 
 def approval_pattern(cfg: Config) -> dict:
@@ -135,7 +137,7 @@ def plan(cfg: Config, pipeline: str | None = None) -> list[dict]:
                 "Targets": [_pipeline_target(cfg, arn)],
             }
         )
-    return rules
+    return rules + lifecycle_rules(cfg, names)
 
 
 def _code(error: ClientError) -> str:
@@ -172,9 +174,10 @@ def _existing_pipeline_arn(cfg: Config, aws: Aws) -> str:
 def _allow_events_to_invoke(cfg: Config, aws: Aws, rule_arn: str) -> None:
     """Let EventBridge invoke the deploy Lambda from this rule (an existing statement is fine)."""
     lam = aws.client("lambda")
+    sid = _statement_id(cfg, rule_arn.rsplit("/", 1)[-1])
     try:
         policy = json.loads(lam.get_policy(FunctionName=cfg.deploy.lambda_function_name)["Policy"])
-        if any(s.get("Sid") == _statement_id(cfg) for s in policy.get("Statement", [])):
+        if any(s.get("Sid") == sid for s in policy.get("Statement", [])):
             return
     except ClientError as e:
         if _code(e) != "ResourceNotFoundException":  # no policy yet, or no function (add_permission says)
@@ -182,7 +185,7 @@ def _allow_events_to_invoke(cfg: Config, aws: Aws, rule_arn: str) -> None:
     try:
         lam.add_permission(
             FunctionName=cfg.deploy.lambda_function_name,
-            StatementId=_statement_id(cfg),
+            StatementId=sid,
             Action="lambda:InvokeFunction",
             Principal="events.amazonaws.com",
             SourceArn=rule_arn,
@@ -198,8 +201,9 @@ def _allow_events_to_invoke(cfg: Config, aws: Aws, rule_arn: str) -> None:
         raise
 
 
-def _statement_id(cfg: Config) -> str:
-    return rule_names(cfg)["deploy-on-approval"][:100]
+def _statement_id(cfg: Config, rule: str | None = None) -> str:
+    """The Lambda permission statement of a rule (the approval rule's by default)."""
+    return (rule or rule_names(cfg)["deploy-on-approval"])[:100]
 
 
 def _enable_s3_eventbridge(aws: Aws, bucket: str) -> bool:
@@ -321,13 +325,14 @@ def _delete_rule(aws: Aws, name: str) -> bool:
 def delete(cfg: Config, aws: Aws) -> list[str]:
     """Delete every rule apply made (targets first) and the Lambda permission; the names deleted."""
     deleted = [name for name in rule_names(cfg).values() if _delete_rule(aws, name)]
-    try:
-        aws.client("lambda").remove_permission(
-            FunctionName=cfg.deploy.lambda_function_name, StatementId=_statement_id(cfg)
-        )
-    except ClientError as e:
-        if _code(e) != "ResourceNotFoundException":
-            raise AwsError(
-                f"remove permission {_statement_id(cfg)} of {cfg.deploy.lambda_function_name}: {e}"
-            ) from None
+    for name in (rule_names(cfg)[kind] for kind in ("deploy-on-approval", "rollback-on-reject", "endpoint-state")):
+        try:
+            aws.client("lambda").remove_permission(
+                FunctionName=cfg.deploy.lambda_function_name, StatementId=_statement_id(cfg, name)
+            )
+        except ClientError as e:
+            if _code(e) != "ResourceNotFoundException":
+                raise AwsError(
+                    f"remove permission {_statement_id(cfg, name)} of {cfg.deploy.lambda_function_name}: {e}"
+                ) from None
     return deleted

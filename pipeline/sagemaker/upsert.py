@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import zipfile
+from typing import Any
 
 from pipeline.code import bundles
 from pipeline.config import Config
@@ -17,38 +18,70 @@ from pipeline.sagemaker.aws import MAX_INLINE_DEFINITION, Aws, explained, split_
 
 LAMBDA_RUNTIME = "python3.12"
 LAMBDA_HANDLER = "deploy.lambda_handler"
+# steps/deploy.py and the steps modules it imports: the deploy Lambda's code (tests/test_deploy.py checks the closure)
+LAMBDA_MODULES = ("deploy.py", "endpoint_check.py", "lifecycle.py", "sagemaker_account.py", "sagemaker_endpoints.py")
+# A failed invocation (not a busy endpoint: that is "deferred", a success) is retried twice, then sent to the alerts
+# topic; an event waits at most an hour.
+EVENT_INVOKE = {"MaximumRetryAttempts": 2, "MaximumEventAgeInSeconds": 3600}
 
 
 def deploy_lambda_zip() -> bytes:
-    """`steps/deploy.py` as `deploy.py` in a reproducible zip (fixed time and mode)."""
+    """The LAMBDA_MODULES of steps/ at the zip's root, reproducible (fixed time and mode)."""
     raw = io.BytesIO()
+    files = bundles()["steps"].files
     with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
-        info = zipfile.ZipInfo("deploy.py", date_time=(1980, 1, 1, 0, 0, 0))
-        info.external_attr = 0o644 << 16
-        archive.writestr(info, bundles()["steps"].files["deploy.py"])
+        for name in LAMBDA_MODULES:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, files[name])
     return raw.getvalue()
 
 
-def deploy_lambda_settings(cfg: Config) -> dict:
-    """Configuration of the deploy Lambda: the handler reads the endpoint settings from its environment."""
+def lambda_environment(cfg: Config) -> dict[str, str]:
+    """The deploy Lambda's settings (steps/sagemaker_account.py Settings.from_env): the config is their one source,
+    and the CLI's lifecycle commands read them from here too."""
+    deploy, test, scaling = cfg.deploy, cfg.deploy.test, cfg.deploy.autoscaling
     variables = {
-        "ENDPOINT_NAME": cfg.deploy.endpoint_name,
-        "INSTANCE_TYPE": cfg.deploy.instance_type,
-        "INSTANCE_COUNT": str(cfg.deploy.instance_count),
+        "MODEL_PACKAGE_GROUP": cfg.pipeline.model_package_group,
+        "ENDPOINT_NAME": deploy.endpoint_name,
+        "INSTANCE_TYPE": deploy.instance_type,
+        "INSTANCE_COUNT": str(deploy.instance_count),
+        "STAGING_ENDPOINT_NAME": deploy.staging_endpoint_name,
+        "STAGING_INSTANCE_TYPE": deploy.staging.instance_type,
+        "STAGING_INSTANCE_COUNT": str(deploy.staging.instance_count),
         "SAGEMAKER_ROLE_ARN": cfg.aws.role_arn,
+        "AUTO_PROMOTE": str(deploy.auto_promote).lower(),
+        "TEST_ROWS": str(test.rows),
+        "TEST_MAX_ACCURACY_DROP": f"{test.max_accuracy_drop:g}",
+        "TEST_P95_MS": f"{test.p95_ms:g}",
+        "SCALING_MIN_INSTANCES": str(scaling.min_instances),
+        "SCALING_MAX_INSTANCES": str(scaling.max_instances),
+        "SCALING_TARGET_INVOCATIONS": f"{scaling.target_invocations:g}",
     }
-    if cfg.deploy.data_capture_s3_uri:
-        variables["DATA_CAPTURE_S3_URI"] = cfg.deploy.data_capture_s3_uri
-    if cfg.deploy.guardrails_alarm:
-        variables["GUARDRAILS_ALARM"] = cfg.deploy.guardrails_alarm
+    optional = {"DATA_CAPTURE_S3_URI": deploy.data_capture_s3_uri, "GUARDRAILS_ALARM": deploy.guardrails_alarm,
+                "ALERTS_TOPIC_ARN": cfg.alerts.topic_arn}
+    return variables | {key: value for key, value in optional.items() if value}
+
+
+def deploy_lambda_settings(cfg: Config) -> dict:
+    """Configuration of the deploy Lambda: the handler reads its settings from its environment. Its timeout leaves
+    room for an endpoint test (deploy.test.rows requests, each allowed 70 s by its client, in practice tens of ms)."""
     return {
         "Role": cfg.deploy.lambda_role_arn,
         "Handler": LAMBDA_HANDLER,
         "Runtime": LAMBDA_RUNTIME,
-        "Timeout": 300,
-        "MemorySize": 256,
-        "Environment": {"Variables": variables},
+        "Timeout": 900,
+        "MemorySize": 512,
+        "Environment": {"Variables": lambda_environment(cfg)},
     }
+
+
+def event_invoke_config(cfg: Config) -> dict:
+    """PutFunctionEventInvokeConfig of the deploy Lambda: retries, event age, failures to the alerts topic."""
+    config: dict = {"FunctionName": cfg.deploy.lambda_function_name, **EVENT_INVOKE}
+    if cfg.alerts.topic_arn:
+        config["DestinationConfig"] = {"OnFailure": {"Destination": cfg.alerts.topic_arn}}
+    return config
 
 
 def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
@@ -71,6 +104,8 @@ def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
                 Tags=dict(cfg.aws.tags),
                 **settings,
             )
+            lam.get_waiter("function_active_v2").wait(FunctionName=name)
+        _put_event_invoke_config(cfg, lam)
         return "created"
     actions = []
     if current.get("CodeSha256") != base64.b64encode(hashlib.sha256(code).digest()).decode():
@@ -82,7 +117,26 @@ def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
         with explained(f"update configuration of Lambda {name}"):
             lam.update_function_configuration(FunctionName=name, **settings)
         actions.append("configuration")
+    if _put_event_invoke_config(cfg, lam):
+        actions.append("retries")
     return f"updated {' and '.join(actions)}" if actions else "unchanged"
+
+
+def _put_event_invoke_config(cfg: Config, lam: Any) -> bool:
+    """Put the Lambda's asynchronous invocation settings (a full overwrite) where they differ; True if changed."""
+    wanted = event_invoke_config(cfg)
+    name = wanted["FunctionName"]
+    with explained(f"read the asynchronous invocation settings of Lambda {name}"):
+        try:
+            current = lam.get_function_event_invoke_config(FunctionName=name)
+        except lam.exceptions.ResourceNotFoundException:
+            current = {}
+    if all(current.get(key) == value for key, value in wanted.items() if key != "FunctionName") and (
+            "DestinationConfig" in wanted or not (current.get("DestinationConfig") or {}).get("OnFailure")):
+        return False
+    with explained(f"put the asynchronous invocation settings of Lambda {name}"):
+        lam.put_function_event_invoke_config(**wanted)
+    return True
 
 
 def upload_code(cfg: Config, aws: Aws, report: Upserted) -> None:

@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--model-version", help="label recorded in the state file, e.g. the model package version")
     parser.add_argument("--state-file", type=Path, help="JSON file recording pid, port and version while serving")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="bind with SO_REUSEPORT, beside the endpoint it replaces (blue/green)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
             version=args.model_version,
             state_file=args.state_file,
             on_ready=lambda url: print(f"endpoint {args.name} at {url}", flush=True),
+            reuse_port=args.reuse_port,
         )
     except EndpointStartError as error:
         LOG.warning("endpoint %s did not start", args.name, exc_info=True)

@@ -1,17 +1,21 @@
 """The detached local endpoint: a `python -m pipeline.local.endpoint` process, found through its JSON state file.
 
-`start_background()` launches the process and returns once it serves, `read_state()` tells whether it still runs
-(a pid from a stale state file may have been reused, so the process's command line is checked), and
-`stop_background()` stops it (SIGTERM, then SIGKILL).
+`start_background()` launches the process and returns once it serves (blue/green: it replaces a running one only
+after the new one answers), `read_state()` tells whether it still runs (a pid from a stale state file may have been
+reused, so the process's command line is checked), and `stop_background()` stops it (SIGTERM, then SIGKILL).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +30,23 @@ ROOT = Path(__file__).resolve().parents[3]
 _DETACHED: dict[int, subprocess.Popen] = {}  # endpoints this process started: kept so that they are reaped quietly
 
 
-class EndpointStartError(UserError, RuntimeError):
-    """An endpoint did not start: its port is taken, its model does not load, ... (one line, with the reason)."""
+SO_ATTACH_REUSEPORT_CBPF = 51  # Linux: a classic BPF program choosing the socket of a SO_REUSEPORT group
+_SECOND_SOCKET = struct.pack("HBBI", 0x06, 0, 0, 1)  # BPF_RET | BPF_K 1: the socket that joined second
+
+
+def steer_new_connections(sock: socket.socket) -> bool:
+    """Send every new connection to the port to `sock`, the listener that joined the SO_REUSEPORT group last (the
+    group holds the old endpoint, then this one): the old one only finishes what it has accepted, so stopping it
+    resets nothing. Once it is gone the program's index is out of range and Linux picks by hash among the rest.
+    False where this is not Linux (connections queued at the old listener when it stops may then be reset)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    program = ctypes.create_string_buffer(_SECOND_SOCKET, len(_SECOND_SOCKET))
+    try:  # struct sock_fprog {unsigned short len; struct sock_filter *filter;}
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, struct.pack("HP", 1, ctypes.addressof(program)))
+    except OSError:
+        return False
+    return True
 
 
 def write_state(state_file: Path, state: dict[str, Any]) -> None:
@@ -85,25 +104,79 @@ def read_state(state_file: Path) -> dict[str, Any] | None:
     return state
 
 
+def _terminate(pid: int, name: str, timeout: float) -> bool:
+    """SIGTERM the endpoint process `pid`, SIGKILL it after `timeout`; False when it was not running."""
+    if not _is_endpoint_process(pid):
+        return False
+    _signal(pid)
+    deadline = time.monotonic() + timeout
+    while _is_endpoint_process(pid):
+        if time.monotonic() > deadline:
+            _signal(pid, kill=True)
+            deadline = time.monotonic() + timeout
+        time.sleep(0.05)
+    LOG.info("endpoint %s: stopped pid %d", name, pid)
+    return True
+
+
 def stop_background(state_file: Path, timeout: float = 15.0) -> bool:
     """Stop the detached endpoint of `state_file` (SIGTERM, then SIGKILL); False when none was running."""
     state_file = Path(state_file)
     state = load_state(state_file)
     if state is None:
         return False
-    pid, stopped = state.get("pid"), False
-    if isinstance(pid, int) and _is_endpoint_process(pid):
-        _signal(pid)
-        deadline = time.monotonic() + timeout
-        while _is_endpoint_process(pid):
-            if time.monotonic() > deadline:
-                _signal(pid, kill=True)
-                deadline = time.monotonic() + timeout
-            time.sleep(0.05)
-        stopped = True
-        LOG.info("endpoint %s: stopped pid %d", state.get("name"), pid)
+    pid = state.get("pid")
+    stopped = isinstance(pid, int) and _terminate(pid, str(state.get("name")), timeout)
     state_file.unlink(missing_ok=True)
     return stopped
+
+
+class EndpointStartError(UserError, RuntimeError):
+    """An endpoint did not start: its port is taken, its model does not load, ... (one line, with the reason); the
+    one it was to replace still serves."""
+
+
+def _answers(url: str, version: str | None, attempts: int = 50) -> bool:
+    """Whether GET /ping at `url` reaches the endpoint serving `version` (with SO_REUSEPORT the old one may answer
+    some connections until it stops, so a few tries are made)."""
+    for _ in range(attempts):
+        try:
+            with urllib.request.urlopen(f"{url}/ping", timeout=10) as answer:
+                if version is None or json.loads(answer.read()).get("version") == version:
+                    return True
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    return False
+
+
+def _launch(command: list[str], env: dict[str, str], log_file: Path) -> subprocess.Popen:
+    with open(log_file, "ab") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    _DETACHED[process.pid] = process
+    return process
+
+
+def _wait_ready(process: subprocess.Popen, state_file: Path, name: str, log_file: Path, timeout: float) -> dict:
+    """The state the new process wrote once it serves; EndpointStartError (process ended or killed) otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = load_state(state_file)
+        if state is not None and state.get("pid") == process.pid and state.get("status") == "InService":
+            return state
+        if process.poll() is not None:
+            _DETACHED.pop(process.pid, None)
+            reason = last_error_line(log_file).removeprefix("error: ")
+            raise EndpointStartError(
+                f"endpoint {name} exited with code {process.returncode} before serving: {reason} (log: {log_file})"
+            )
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            _DETACHED.pop(process.pid, None)
+            raise EndpointStartError(f"endpoint {name} did not start within {timeout:.0f}s; see {log_file}")
+        time.sleep(0.1)
 
 
 def start_background(
@@ -120,52 +193,34 @@ def start_background(
 ) -> dict[str, Any]:
     """Serve from a detached process that outlives this one; returns its state once it answers.
 
-    A running endpoint recorded in `state_file` is stopped first (so a second start replaces the first). The
-    process logs to `log_file` (default: the state file with suffix .log) and runs with `environment` (the model's
-    container environment) added to this one's.
+    Blue/green: an endpoint already running for `state_file` keeps serving while the new process loads the model and
+    binds `port` (beside it, through SO_REUSEPORT, when it is the same port); once the new one answers, the old one
+    is stopped. If the new one fails (the port is held by another program, the model does not load), it is stopped,
+    the old one serves on, and EndpointStartError says so. The process logs to `log_file` (default: the state file with
+    suffix .log) and runs with `environment` (the model's container environment) added to this one's.
     """
     state_file = Path(state_file).resolve()
-    stop_background(state_file)
+    old = read_state(state_file)
+    old = old if old and old.get("running") else None
     log_file = Path(log_file).resolve() if log_file else state_file.with_suffix(".log")
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        MODULE,
-        "--model-data",
-        str(Path(model_data).resolve()),
-        "--name",
-        name,
-        "--port",
-        str(port),
-        "--host",
-        host,
-        "--state-file",
-        str(state_file),
-    ]
+    command = [sys.executable, "-m", MODULE, "--model-data", str(Path(model_data).resolve()), "--name", name,
+               "--port", str(port), "--host", host, "--state-file", str(state_file), "--reuse-port"]
     if version is not None:
         command += ["--model-version", str(version)]
     env = dict(os.environ, **serving_environment(environment))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    with open(log_file, "ab") as log:
-        process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    _DETACHED[process.pid] = process
-    deadline = time.monotonic() + timeout
-    while True:
-        state = load_state(state_file)
-        if state is not None and state.get("pid") == process.pid and state.get("status") == "InService":
-            return state | {"running": True, "log_file": str(log_file)}
-        if process.poll() is not None:
-            _DETACHED.pop(process.pid, None)
-            reason = last_error_line(log_file).removeprefix("error: ")
-            raise EndpointStartError(
-                f"endpoint {name} exited with code {process.returncode} before serving: {reason} (log: {log_file})"
-            )
-        if time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            _DETACHED.pop(process.pid, None)
-            raise TimeoutError(f"endpoint {name} did not start within {timeout:.0f}s; see {log_file}")
-        time.sleep(0.1)
+    process = _launch(command, env, log_file)
+    try:
+        state = _wait_ready(process, state_file, name, log_file, timeout)
+        if not _answers(state.get("url") or f"http://{host}:{state['port']}", version):
+            _terminate(process.pid, name, 15.0)
+            raise EndpointStartError(f"endpoint {name} wrote its state but does not answer on port {state.get('port')}")
+    except EndpointStartError as e:
+        if old is not None:
+            write_state(state_file, {k: v for k, v in old.items() if k != "running"})
+            raise EndpointStartError(f"{e}; version {old.get('version')} still serves at {old.get('url')}") from None
+        raise
+    if old is not None and old.get("pid") != process.pid:
+        _terminate(old["pid"], name, 15.0)
+    return state | {"running": True, "log_file": str(log_file)}

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pipeline.local.endpoint.daemon import EndpointStartError, load_state, write_state
+from pipeline.local.endpoint.daemon import EndpointStartError, load_state, steer_new_connections, write_state
 from pipeline.local.endpoint.framing import FramingError, read_body
 from pipeline.local.endpoint.handler import JSON_TYPE, LOG, EndpointError, LoadedModel, serving_environment
 
@@ -47,6 +47,14 @@ class _Server(ThreadingHTTPServer):
             LOG.info("%s: connection dropped (%s)", client_address[0], type(error).__name__)
         else:
             LOG.exception("%s: request failed", client_address[0])
+
+
+class _SharedPortServer(_Server):
+    allow_reuse_port = True  # SO_REUSEPORT: a new detached endpoint binds the port while the old one still serves
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        steer_new_connections(self.socket)  # ready (the model is loaded): new connections come here
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -198,8 +206,9 @@ class _Handler(BaseHTTPRequestHandler):
 class LocalEndpoint:
     """A model served over HTTP from a background thread of this process."""
 
-    def __init__(self, host: str = "127.0.0.1", program: str | None = None, read_timeout: float = READ_TIMEOUT) -> None:
-        self.host = host
+    def __init__(self, host: str = "127.0.0.1", program: str | None = None, read_timeout: float = READ_TIMEOUT,
+                 reuse_port: bool = False) -> None:
+        self.host, self.reuse_port = host, reuse_port
         self.program = program
         self.read_timeout = read_timeout
         self.name: str | None = None
@@ -209,27 +218,41 @@ class LocalEndpoint:
         self._swap_lock = threading.Lock()
 
     def start(self, model_data: Path, name: str, port: int = 8080, version: str | None = None) -> str:
-        """Take host:port (0 picks a free port), load the model, then serve it; returns the URL."""
+        """Load the model and take host:port (0 picks a free port), then serve it; returns the URL.
+
+        A plain endpoint takes the port first, so that a taken port fails before the model loads; a blue/green one
+        (`reuse_port`) loads first, because new connections come to it as soon as it listens."""
         if self._server is not None:
             raise RuntimeError(f"endpoint {self.name} is already running at {self.url}")
         if not name or "/" in name:
             raise ValueError(f"invalid endpoint name {name!r}")
-        try:
-            server = _Server((self.host, port), _Handler)
-        except OSError as error:
-            raise EndpointStartError(f"endpoint {name}: cannot listen on {self.host}:{port}: "
-                                     f"{error.strerror or error} (choose another port)") from error
-        try:
-            self.model = LoadedModel(model_data, name, version, self.program)
-        except BaseException:
-            server.server_close()
-            raise
-        self.name, self._server = name, server
+        if self.reuse_port:
+            model = LoadedModel(model_data, name, version, self.program)
+            try:
+                server = self._listen(name, port)
+            except BaseException:
+                model.close()
+                raise
+        else:
+            server = self._listen(name, port)
+            try:
+                model = LoadedModel(model_data, name, version, self.program)
+            except BaseException:
+                server.server_close()
+                raise
+        self.name, self.model, self._server = name, model, server
         self._server.endpoint = self
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"endpoint-{name}", daemon=True)
         self._thread.start()
         LOG.info("endpoint %s: serving %s at %s", name, model_data, self.url)
         return self.url
+
+    def _listen(self, name: str, port: int) -> _Server:
+        try:
+            return (_SharedPortServer if self.reuse_port else _Server)((self.host, port), _Handler)
+        except OSError as error:
+            raise EndpointStartError(f"endpoint {name}: cannot listen on {self.host}:{port}: "
+                                     f"{error.strerror or error} (choose another port)") from error
 
     @property
     def port(self) -> int:
@@ -292,12 +315,13 @@ def serve_forever(
     state_file: Path | None = None,
     on_ready: Callable[[str], Any] | None = None,
     environment: dict[str, str] | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve in the foreground until Ctrl-C or SIGTERM; with `state_file`, record pid/port/version there.
 
     `environment` (the model's container environment) is set in this process before the handler loads."""
     os.environ.update(serving_environment(environment))
-    endpoint = LocalEndpoint(host)
+    endpoint = LocalEndpoint(host, reuse_port=reuse_port)
     stop = threading.Event()
     previous = None
     if threading.current_thread() is threading.main_thread():

@@ -1,0 +1,77 @@
+"""The config sections of serving: `deploy` (the deploy Lambda, the production endpoint, the staging endpoint, the
+endpoint test, promotion, autoscaling) and `alerts`."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from pipeline.config_base import ENDPOINT_NAME, INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
+
+
+class Staging(Section):
+    """The staging endpoint: every approved version is deployed and tested here first."""
+
+    endpoint_name: str | None = Field(default=None, pattern=ENDPOINT_NAME)  # default <deploy.endpoint_name>-staging
+    instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
+    instance_count: int = Field(default=1, ge=1)
+
+
+class EndpointTest(Section):
+    """The endpoint test on staging: labelled test rows through the real invoke path."""
+
+    rows: int = Field(default=200, ge=1, le=4000)
+    max_accuracy_drop: float = Field(default=0.02, ge=0, le=1)  # below the evaluation's accuracy on the same rows
+    p95_ms: float = Field(default=500.0, gt=0)  # latency budget of one request
+
+
+class Autoscaling(Section):
+    """Target tracking of the production endpoint on invocations per instance (per minute)."""
+
+    min_instances: int = Field(default=1, ge=1)
+    max_instances: int = Field(default=2, ge=1)
+    target_invocations: float = Field(default=100.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_instances > self.max_instances:
+            raise ValueError(f"deploy.autoscaling.min_instances={self.min_instances}: expected at most "
+                             f"deploy.autoscaling.max_instances ({self.max_instances})")
+        return self
+
+
+class Deploy(Section):
+    endpoint_name: str = Field(pattern=ENDPOINT_NAME)  # the production endpoint
+    instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
+    instance_count: int = Field(default=1, ge=1)
+    lambda_function_name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    lambda_role_arn: str | None = Field(default=None, pattern=ROLE_ARN)
+    data_capture_s3_uri: str | None = Field(default=None, pattern=S3_URI)
+    guardrails_alarm: str | None = None
+    model_server_workers: int = Field(default=2, ge=1, le=64)
+    max_texts: int = Field(default=256, ge=1, le=10000)
+    staging: Staging = Staging()
+    test: EndpointTest = EndpointTest()
+    auto_promote: bool = False
+    autoscaling: Autoscaling = Autoscaling()
+
+    @property
+    def staging_endpoint_name(self) -> str:
+        return self.staging.endpoint_name or f"{self.endpoint_name}-staging"
+
+    @model_validator(mode="after")
+    def _endpoints(self) -> Deploy:
+        if self.staging_endpoint_name.lower() == self.endpoint_name.lower():
+            raise ValueError(f"deploy.staging.endpoint_name={self.staging_endpoint_name!r}: expected another name "
+                             f"than deploy.endpoint_name")
+        scaling = self.autoscaling
+        if not scaling.min_instances <= self.instance_count <= scaling.max_instances:
+            raise ValueError(f"deploy.instance_count={self.instance_count}: expected within deploy.autoscaling's "
+                             f"{scaling.min_instances}..{scaling.max_instances} instances")
+        return self
+
+
+class Alerts(Section):
+    """The alerts topic (made by bootstrap) and its optional e-mail subscription."""
+
+    email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+    topic_arn: str | None = Field(default=None, pattern=r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w.-]+$")

@@ -1,0 +1,54 @@
+"""The lifecycle's commands beside `models approve / reject` and `deploy`: `promote N` and `endpoints`, and how a
+lifecycle command reports (one line per thing done; a failed deploy exits 1 with its line) and renders."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from pipeline.errors import UserError
+from pipeline.records import Changes, StageView
+from pipeline.terminal import LOCAL, ROOT, console
+from pipeline.views import styled, table
+
+
+class LifecycleFailed(UserError, RuntimeError):
+    """A deploy of a lifecycle command failed (what served before still serves): its one line."""
+
+
+def print_changes(done: Changes) -> None:
+    """Print what the lifecycle did; raise LifecycleFailed (exit 1, one line) when a deploy failed."""
+    for line in done.lines:
+        if line != done.failure:
+            console.print(line, markup=False, highlight=False)
+    if done.failure:
+        raise LifecycleFailed(done.failure)
+
+
+def endpoints_table(stages: list[StageView]) -> Table:
+    """Per stage: endpoint, the version it serves, status, instances, scaling bounds, the last test."""
+    rows = [[s.stage, escape(s.endpoint), str(s.version or "-"), styled(s.status), s.instances, escape(s.scaling),
+             escape(s.test), escape(s.where)] for s in stages]
+    columns = ["stage", "endpoint", "version", "status", "instances", "scaling", "last test", "where"]
+    return table("endpoints", columns, rows)
+
+
+def promote(
+    ctx: typer.Context,
+    version: Annotated[int, typer.Argument(help="Model version whose staging test passed.")],
+    local: LOCAL = False,
+    root: ROOT = None,
+) -> None:
+    """Deploy a version to the production endpoint (blue/green); refused unless its staging test passed."""
+    print_changes(ctx.obj.backend(local, root).promote(version))
+
+
+def endpoints(ctx: typer.Context, local: LOCAL = False, root: ROOT = None) -> None:
+    """The staging and production endpoints: version served, status, instances, scaling bounds, last test."""
+    target = ctx.obj.backend(local, root)
+    console.print(endpoints_table(target.endpoints()))
+    if local:
+        console.print("there is no scaling locally: each local endpoint is one process", style="dim")

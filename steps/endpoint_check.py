@@ -1,0 +1,190 @@
+"""The endpoint test: labelled test rows sent through the real invoke path of an endpoint, checked against the
+evaluation.
+
+Runs in the deploy Lambda (standard library; the caller passes a boto3 `sagemaker-runtime` client) and in the local
+backend (the same client with `endpoint_url` set to the local endpoint). The rows come from `endpoint_sample.jsonl`,
+which the Evaluate step writes next to evaluation.json: one JSON object per line, {"text", "label", "prediction"},
+a stratified sample of the test split with the evaluation's own prediction of each row (0 negative, 1 positive).
+
+`run()` sends each row as one request ({"inputs": [text]}, as a client would) and checks:
+  * no error answer (a ModelError, a refused or unreadable answer, a connection error);
+  * accuracy >= the evaluation's accuracy on the same rows - max_accuracy_drop;
+  * p95 of the request latencies (measured by the caller: network and signing included) <= p95_budget_ms.
+`metadata()` flattens the result into model package metadata (keys and values in the Model Registry's alphabet).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+SAMPLE_FILE = "endpoint_sample.jsonl"
+LABELS = {"negative": 0, "positive": 1}
+PREFIX = "staging_test"
+METADATA_VALUE = re.compile(r"[^\w\s.:/=+\-@]", re.UNICODE)  # what UpdateModelPackage accepts in a value
+MAX_VALUE = 256
+
+
+class SampleError(ValueError):
+    """The labelled sample is missing or malformed."""
+
+
+def read_sample(lines: Iterable[str | bytes], source: str = SAMPLE_FILE) -> list[dict[str, Any]]:
+    """The rows of an endpoint_sample.jsonl; SampleError naming the line of the first bad row."""
+    rows = []
+    for number, line in enumerate(lines, 1):
+        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+            ok = (isinstance(row["text"], str) and row["label"] in (0, 1) and row["prediction"] in (0, 1)
+                  and not isinstance(row["label"], bool) and not isinstance(row["prediction"], bool))
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise SampleError(f"{source} line {number}: expected {{\"text\": str, \"label\": 0|1, \"prediction\": "
+                              f"0|1}}, got {text.strip()[:80]!r}")
+        rows.append(row)
+    if not rows:
+        raise SampleError(f"{source} holds no rows")
+    return rows
+
+
+def pick(rows: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """`count` rows keeping each label's share (the sample is already a seeded random draw: the first rows of each
+    label in file order), in file order."""
+    if count >= len(rows):
+        return list(rows)
+    chosen: set[int] = set()
+    for label in (0, 1):
+        index = [i for i, row in enumerate(rows) if row["label"] == label]
+        chosen.update(index[: round(count * len(index) / len(rows))])
+    return [row for i, row in enumerate(rows) if i in chosen]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-th percentile (0 < q <= 100) of values."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _error(error: Exception) -> str:
+    response = getattr(error, "response", None) or {}
+    code = response.get("Error", {}).get("Code")
+    message = response.get("Error", {}).get("Message") or str(error)
+    return f"{code or type(error).__name__}: {' '.join(message.split())[:160]}"
+
+
+def _label(body: bytes) -> int:
+    """The predicted label of a one-text answer [{"label": ...}]; ValueError for anything else."""
+    answer = json.loads(body)
+    if not isinstance(answer, list) or len(answer) != 1 or answer[0].get("label") not in LABELS:
+        raise ValueError(f"unexpected answer {body[:120]!r}: expected [{{\"label\": \"positive\"|\"negative\"}}]")
+    return LABELS[answer[0]["label"]]
+
+
+def run(
+    client: Any,
+    endpoint: str,
+    rows: list[dict[str, Any]],
+    *,
+    max_accuracy_drop: float,
+    p95_budget_ms: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """Send every row to `endpoint` through `client.invoke_endpoint` and check the answers (see the module)."""
+    if not rows:
+        return failed(endpoint, "no rows to send")
+    latencies, correct, errors, first_error = [], 0, 0, ""
+    for row in rows:
+        started, problem = clock(), ""
+        try:
+            body = client.invoke_endpoint(
+                EndpointName=endpoint, ContentType="application/json", Accept="application/json",
+                Body=json.dumps({"inputs": [row["text"]]}),
+            )["Body"].read()
+        except Exception as e:  # botocore's ClientError (ModelError, ValidationError) and connection errors
+            problem = _error(e)
+        latencies.append((clock() - started) * 1000)
+        if not problem:
+            try:
+                correct += _label(body) == row["label"]
+            except ValueError as e:
+                problem = str(e)
+        if problem:
+            errors += 1
+            first_error = first_error or problem
+    reference = sum(row["prediction"] == row["label"] for row in rows) / len(rows)
+    accuracy = correct / len(rows)
+    p50, p95 = percentile(latencies, 50), percentile(latencies, 95)
+    failures = []
+    if errors:
+        failures.append(f"{errors} of {len(rows)} requests got an error answer ({first_error})")
+    if accuracy < reference - max_accuracy_drop - 1e-12:
+        failures.append(f"accuracy {accuracy:.4f} is below the evaluation's {reference:.4f} on the same rows by more "
+                        f"than {max_accuracy_drop:g}")
+    if p95 > p95_budget_ms:
+        failures.append(f"p95 latency {p95:.1f} ms is over the budget of {p95_budget_ms:g} ms")
+    reason = "; ".join(failures) or (
+        f"accuracy {accuracy:.4f} (evaluation {reference:.4f}, allowed drop {max_accuracy_drop:g}), "
+        f"p95 {p95:.1f} ms within {p95_budget_ms:g} ms, no error answer")
+    return {
+        "endpoint": endpoint, "rows": len(rows), "errors": errors, "accuracy": round(accuracy, 6),
+        "reference_accuracy": round(reference, 6), "max_accuracy_drop": max_accuracy_drop,
+        "p50_ms": round(p50, 2), "p95_ms": round(p95, 2), "p95_budget_ms": p95_budget_ms,
+        "passed": not failures, "reason": reason,
+    }
+
+
+def failed(endpoint: str, reason: str) -> dict[str, Any]:
+    """The result of a test that could not send anything (no sample, no endpoint)."""
+    return {"endpoint": endpoint, "rows": 0, "errors": 0, "accuracy": None, "reference_accuracy": None,
+            "p50_ms": None, "p95_ms": None, "passed": False, "reason": reason}
+
+
+def clean(value: object) -> str:
+    """`value` as a metadata value: characters outside the registry's alphabet become spaces, at most 256."""
+    text = " ".join(METADATA_VALUE.sub(" ", str(value)).split())
+    return (text or "-")[:MAX_VALUE]
+
+
+def metadata(result: dict[str, Any], tested_at: str, version_label: str = "") -> dict[str, str]:
+    """The result as flat model package metadata: staging_test=pass|fail and staging_test_<number>."""
+    values = {PREFIX: "pass" if result["passed"] else "fail", f"{PREFIX}_at": tested_at,
+              f"{PREFIX}_reason": result["reason"], f"{PREFIX}_endpoint": result["endpoint"]}
+    for key in ("rows", "errors", "accuracy", "reference_accuracy", "p50_ms", "p95_ms"):
+        if result.get(key) is not None:
+            values[f"{PREFIX}_{key}"] = result[key]
+    return {key: clean(value) for key, value in values.items()}
+
+
+def from_metadata(values: dict[str, str]) -> dict[str, str]:
+    """The staging test keys of a version's metadata, without their prefix ({} when it was never tested)."""
+    return {key.removeprefix(PREFIX).lstrip("_") or "result": value
+            for key, value in values.items() if key.startswith(PREFIX)}
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One line: PASS or FAIL, the numbers, the reason."""
+    verdict = "PASS" if result["passed"] else "FAIL"
+    if not result.get("rows"):
+        return f"{verdict}: {result['reason']}"
+    return (f"{verdict} on {result['rows']} rows: accuracy {result['accuracy']:.4f} (evaluation "
+            f"{result['reference_accuracy']:.4f}), p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms"
+            + ("" if result["passed"] else f" - {result['reason']}"))
+
+
+def last_test(values: dict[str, str]) -> str:
+    """A version's staging test as one short line, from its metadata ("-" when never tested)."""
+    test = from_metadata(values)
+    if not test:
+        return "-"
+    if test.get("result") == "pass":
+        return (f"pass: accuracy {test.get('accuracy', '?')} (evaluation {test.get('reference_accuracy', '?')}), "
+                f"p95 {test.get('p95_ms', '?')} ms")
+    return f"fail: {test.get('reason', 'no reason recorded')}"

@@ -1,0 +1,332 @@
+"""The model lifecycle: which version the staging and the production endpoint should serve, and getting them there.
+
+One piece of code for AWS and this machine: the deploy Lambda (steps/deploy.py, with `sagemaker_account.py`) and the
+local backend (pipeline/local/account.py) each hand `Lifecycle` an `Account` (the registry, the two endpoints, the
+runtime client, the alerts). Standard library only.
+
+The registry is the truth. Besides its approval status, each version carries in its metadata:
+  staging_test=pass|fail (and staging_test_<number>, see endpoint_check.metadata)   its endpoint test
+  promoted_at=<UTC time>                   promoted to production (promote N, auto-promotion, a rollback)
+  staging_deployed_at, production_deployed_at=<UTC time>   when it was last sent to that endpoint
+Decisions (the pure functions below) read the Approved versions and the version each endpoint serves or is moving to:
+  staging     the newest Approved version while it has no test result; else the version it serves while that is
+              Approved; else (that version was rejected) the rollback target.
+  production  the Approved version promoted last (promotion needs a passed staging test); if the version it serves is
+              no longer Approved: the rollback target, which is then marked promoted.
+  rollback    the newest other Approved version that passed its staging test; if there is none the endpoint is left
+              as it is and an alert says so.
+An endpoint being created or updated is left alone (`deferred`): the end of that update reconciles again (on AWS the
+"SageMaker Endpoint State Change" rule invokes the Lambda; locally nothing is ever busy). A deploy that did not stick
+(the endpoint serves a version sent there before ours: a blue/green auto-rollback or a failed update) is not retried
+until the version is promoted or deployed again by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+import endpoint_check
+
+STAGING, PRODUCTION = "staging", "production"
+STAGES = (STAGING, PRODUCTION)
+APPROVED = "Approved"
+PASS, FAIL = "pass", "fail"
+TEST, PROMOTED = endpoint_check.PREFIX, "promoted_at"
+BUSY = ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting")
+ALERTS = ("test", "promotion", "rollback", "no-rollback", "deploy-failed")  # outcome actions that are alerts
+
+
+class Refused(ValueError):
+    """A lifecycle request that cannot be done (promote an untested version, deploy a rejected one): one line."""
+
+
+class DeployError(RuntimeError):
+    """An endpoint could not be created or updated; the message says why and what to do."""
+
+
+def deployed_key(stage: str) -> str:
+    return f"{stage}_deployed_at"
+
+
+def utc_now() -> str:
+    """A sortable UTC time in the registry's alphabet."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class Version:
+    """One model package version as the lifecycle sees it."""
+
+    number: int
+    status: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    arn: str = ""
+
+    @property
+    def test(self) -> str | None:
+        return self.metadata.get(TEST) or None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == APPROVED and self.test == PASS
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A stage's endpoint: the version it serves or is being created / updated to, and its status ("" when absent)."""
+
+    name: str
+    version: int | None = None
+    status: str = ""
+    instances: int | None = None
+    where: str = ""  # the local URL, or the endpoint config on SageMaker
+
+    @property
+    def busy(self) -> bool:
+        return self.status in BUSY
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The lifecycle's settings (config: deploy.auto_promote and deploy.test)."""
+
+    auto_promote: bool = False
+    test_rows: int = 200
+    max_accuracy_drop: float = 0.02
+    p95_ms: float = 500.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    version: Version | None  # what the endpoint should serve; None: leave it as it is
+    reason: str
+    rollback: bool = False  # the endpoint serves a version that is no longer Approved
+
+
+class Account(Protocol):
+    """What the lifecycle acts on: the registry, the staging and production endpoints, the alerts."""
+
+    def approved(self) -> list[Version]: ...
+
+    def version(self, number: int) -> Version | None: ...
+
+    def set_metadata(self, version: Version, values: dict[str, str]) -> None: ...
+
+    def endpoint(self, stage: str) -> Endpoint: ...
+
+    def deploy(self, stage: str, version: Version) -> dict[str, Any]:
+        """Create or update the stage's endpoint to serve `version`: {"action": created | updated | unchanged |
+        in-progress, "endpoint_config_name", ...}; raises DeployError."""
+
+    def in_service(self, stage: str) -> str:
+        """What to do once the stage serves its target (production: autoscaling); a line, "" for nothing."""
+
+    def runtime(self, stage: str) -> Any:
+        """A `sagemaker-runtime` client for the stage's endpoint."""
+
+    def sample(self, version: Version) -> list[dict[str, Any]]:
+        """The labelled rows of the version's evaluation (endpoint_check.read_sample); SampleError if missing."""
+
+    def alert(self, line: str, detail: dict[str, Any]) -> None: ...
+
+
+def rollback_target(approved: list[Version], exclude: int | None) -> Version | None:
+    """The newest Approved version other than `exclude` that passed its staging test."""
+    return max((v for v in approved if v.passed and v.number != exclude), key=lambda v: v.number, default=None)
+
+
+def _rollback(approved: list[Version], endpoint: Endpoint) -> Decision:
+    target = rollback_target(approved, endpoint.version)
+    if target is None:
+        return Decision(None, f"version {endpoint.version} is no longer Approved and no other Approved version passed "
+                              f"its staging test: {endpoint.name} keeps serving it", rollback=True)
+    return Decision(target, f"version {endpoint.version} is no longer Approved: back to version {target.number}, the "
+                            f"newest other Approved version that passed its staging test", rollback=True)
+
+
+def staging_decision(approved: list[Version], endpoint: Endpoint) -> Decision:
+    """What staging should serve (see the module)."""
+    candidate = max(approved, key=lambda v: v.number, default=None)
+    if candidate is not None and candidate.test is None:
+        return Decision(candidate, f"version {candidate.number} is the newest Approved version and has no staging test")
+    served = next((v for v in approved if v.number == endpoint.version), None)
+    if served is not None:
+        return Decision(served, f"version {served.number} is Approved")
+    if endpoint.version is None:
+        target = rollback_target(approved, None)
+        reason = "the newest Approved version that passed its staging test" if target else "no Approved version"
+        return Decision(target, reason)
+    return _rollback(approved, endpoint)
+
+
+def production_decision(approved: list[Version], endpoint: Endpoint) -> Decision:
+    """What production should serve (see the module)."""
+    served = next((v for v in approved if v.number == endpoint.version), None)
+    if endpoint.version is not None and served is None:
+        return _rollback(approved, endpoint)
+    promoted = [v for v in approved if v.passed and v.metadata.get(PROMOTED)]
+    if promoted:
+        last = max(promoted, key=lambda v: (v.metadata[PROMOTED], v.number))
+        return Decision(last, f"version {last.number} was promoted last")
+    if served is not None:
+        return Decision(served, f"version {served.number} is Approved")
+    return Decision(None, "no version has been promoted yet (trainium-pipeline promote N)")
+
+
+class Lifecycle:
+    """Reconciles the two stages of one account with the registry; every method returns its outcomes, one dict
+    {"stage", "endpoint", "action", "version", "line", ...} per thing done or decided, alerts included."""
+
+    def __init__(self, account: Account, policy: Policy, now: Callable[[], str] = utc_now) -> None:
+        self.account, self.policy, self.now = account, policy, now
+
+    def _outcome(self, stage: str, endpoint: str, action: str, version: int | None, line: str,
+                 **extra: Any) -> dict[str, Any]:
+        outcome = {"stage": stage, "endpoint": endpoint, "action": action, "version": version, "line": line, **extra}
+        if action in ALERTS:
+            self.account.alert(line, outcome)
+        return outcome
+
+    def reconcile(self, stage: str, chosen: Version | None = None, why: str = "asked for by hand") -> list[dict]:
+        """Bring `stage` to its decided version (or to `chosen`, for the reason `why`: no did-not-stick check)."""
+        endpoint = self.account.endpoint(stage)
+        decision = Decision(chosen, f"version {chosen.number} {why}") if chosen else (
+            staging_decision if stage == STAGING else production_decision)(self.account.approved(), endpoint)
+        target, name = decision.version, endpoint.name
+        if target is None:
+            action = "no-rollback" if decision.rollback else "none"
+            return [self._outcome(stage, name, action, endpoint.version, f"{stage} {name}: {decision.reason}")]
+        outcomes = []
+        if decision.rollback:
+            if stage == PRODUCTION:
+                self.account.set_metadata(target, {PROMOTED: self.now()})
+            outcomes.append(self._outcome(stage, name, "rollback", target.number, f"{stage} {name}: {decision.reason}",
+                                          rejected=endpoint.version))
+        if endpoint.version == target.number:
+            if endpoint.busy:
+                return [*outcomes, self._outcome(stage, name, "in-progress", target.number,
+                                                 f"{stage} {name}: version {target.number} is on its way "
+                                                 f"({endpoint.status})")]
+            return [*outcomes, *self._serving(stage, endpoint, target)]
+        if endpoint.busy:
+            return [*outcomes, self._outcome(stage, name, "deferred", target.number,
+                                             f"{stage} {name} is {endpoint.status} (to version {endpoint.version}): "
+                                             f"version {target.number} follows when it is InService")]
+        if chosen is None and not decision.rollback and self._did_not_stick(stage, target, endpoint):
+            line = (f"{stage} {name}: version {target.number} was sent there after version {endpoint.version}, yet "
+                    f"{endpoint.version} serves (rolled back or failed); not retried: promote or deploy it again")
+            return [*outcomes, self._outcome(stage, name, "deploy-failed", target.number, line)]
+        return [*outcomes, *self._deploy(stage, name, target, decision.reason)]
+
+    def _did_not_stick(self, stage: str, target: Version, endpoint: Endpoint) -> bool:
+        """Whether `target` was sent to the stage after the version it serves was, yet that one serves (both sends
+        recorded: without a record nothing can be told)."""
+        ours = target.metadata.get(deployed_key(stage))
+        if not ours or endpoint.version is None or endpoint.status != "InService":
+            return False
+        served = self.account.version(endpoint.version)
+        theirs = served.metadata.get(deployed_key(stage)) if served else None
+        return bool(theirs) and ours > theirs
+
+    def _deploy(self, stage: str, name: str, target: Version, reason: str) -> list[dict[str, Any]]:
+        try:
+            result = self.account.deploy(stage, target)
+        except DeployError as e:
+            return [self._outcome(stage, name, "deploy-failed", target.number,
+                                  f"{stage} {name}: deploying version {target.number} failed: {e}")]
+        if result["action"] in ("created", "updated"):
+            self.account.set_metadata(target, {deployed_key(stage): self.now()})
+        where = result.get("url") or result.get("endpoint_config_name", "")
+        outcomes = [self._outcome(stage, name, result["action"], target.number,
+                                  f"{stage} {name}: version {target.number} {result['action']} ({where}): {reason}",
+                                  endpoint_config_name=result.get("endpoint_config_name", ""), where=where)]
+        endpoint = self.account.endpoint(stage)
+        if endpoint.version == target.number and endpoint.status == "InService":
+            outcomes += self._serving(stage, endpoint, target, announce=False)
+        return outcomes
+
+    def _serving(self, stage: str, endpoint: Endpoint, target: Version, announce: bool = True) -> list[dict]:
+        """The stage serves its target and is InService: test it (staging, once) or scale it (production)."""
+        outcomes = []
+        if announce:
+            outcomes.append(self._outcome(stage, endpoint.name, "unchanged", target.number,
+                                          f"{stage} {endpoint.name}: serves version {target.number}",
+                                          where=endpoint.where))
+        if stage == STAGING and target.test is None:
+            return outcomes + self.test(target, endpoint)
+        if stage == PRODUCTION:
+            line = self.account.in_service(stage)
+            if line:
+                outcomes.append(self._outcome(stage, endpoint.name, "scaling", target.number, f"{stage} "
+                                              f"{endpoint.name}: {line}"))
+        return outcomes
+
+    def test(self, version: Version, endpoint: Endpoint) -> list[dict[str, Any]]:
+        """The endpoint test of `version` on staging; the result goes into its metadata; auto-promotes on a pass."""
+        try:
+            rows = endpoint_check.pick(self.account.sample(version), self.policy.test_rows)
+        except (endpoint_check.SampleError, OSError) as e:
+            result = endpoint_check.failed(endpoint.name, f"no labelled sample: {e}")
+        else:
+            result = endpoint_check.run(self.account.runtime(STAGING), endpoint.name, rows,
+                                        max_accuracy_drop=self.policy.max_accuracy_drop,
+                                        p95_budget_ms=self.policy.p95_ms)
+        values = endpoint_check.metadata(result, self.now())
+        self.account.set_metadata(version, values)
+        line = f"staging test of version {version.number} on {endpoint.name}: {endpoint_check.summary(result)}"
+        outcomes = [self._outcome(STAGING, endpoint.name, "test", version.number, line, test=result)]
+        if result["passed"] and self.policy.auto_promote:
+            tested = Version(version.number, version.status, {**version.metadata, **values}, version.arn)
+            outcomes += self.promote(tested, automatic=True)
+        return outcomes
+
+    def _version(self, version: Version | int) -> Version:
+        found = self.account.version(version) if isinstance(version, int) else version
+        if found is None:
+            raise Refused(f"model version {version} does not exist")
+        return found
+
+    def promote(self, version: Version | int, automatic: bool = False) -> list[dict[str, Any]]:
+        """Send a version (or version number) to production; Refused unless it is Approved and passed its staging
+        test."""
+        version = self._version(version)
+        if version.status != APPROVED:
+            raise Refused(f"version {version.number} is {version.status}, not Approved: approve it first")
+        if version.test != PASS:
+            test = endpoint_check.from_metadata(version.metadata)
+            why = f"it failed ({test.get('reason', 'no reason recorded')})" if version.test else "it has none yet"
+            raise Refused(f"version {version.number} has not passed its staging test: {why}")
+        promoted_at = self.now()
+        self.account.set_metadata(version, {PROMOTED: promoted_at})
+        name = self.account.endpoint(PRODUCTION).name
+        how = "automatically after its staging test passed" if automatic else "by hand"
+        promoted = Version(version.number, version.status, {**version.metadata, PROMOTED: promoted_at}, version.arn)
+        return [self._outcome(PRODUCTION, name, "promotion", version.number,
+                              f"production {name}: version {version.number} promoted {how}"),
+                *self.reconcile(PRODUCTION, promoted, "was promoted")]
+
+    def deploy(self, version: Version | int, stage: str = STAGING) -> list[dict[str, Any]]:
+        """Send an Approved version (or version number) to a stage by hand (staging: tested again there)."""
+        version = self._version(version)
+        if version.status != APPROVED:
+            raise Refused(f"version {version.number} is {version.status}, not Approved: approve it first")
+        if stage == PRODUCTION:
+            return self.promote(version)
+        return self.reconcile(STAGING, Version(version.number, version.status,
+                                               {k: v for k, v in version.metadata.items() if not k.startswith(TEST)},
+                                               version.arn))
+
+    def on_change(self) -> list[dict[str, Any]]:
+        """After an approval status changed: production first (a rollback), then staging."""
+        return self.reconcile(PRODUCTION) + self.reconcile(STAGING)
+
+    def on_endpoint(self, stage: str, status: str, reason: str = "") -> list[dict[str, Any]]:
+        """A stage's endpoint changed status (IN_SERVICE / FAILED as EventBridge spells it, or DescribeEndpoint)."""
+        if status.replace("_", "").lower() == "failed":
+            name = self.account.endpoint(stage).name
+            line = f"{stage} {name} failed: {reason or 'no reason given'}"
+            return [self._outcome(stage, name, "deploy-failed", None, line)]
+        return self.reconcile(stage)

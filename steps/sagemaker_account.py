@@ -1,0 +1,201 @@
+"""The lifecycle's account on AWS (lifecycle.Account over boto3): the Model Registry, the staging and production
+endpoints, the labelled sample in S3 and the alerts topic. Used by the deploy Lambda and, with the same settings, by
+the CLI (`promote`, `models reject`, `endpoints`). Standard library and boto3 only.
+
+Settings come from the Lambda's environment (`Settings.from_env`), which `upsert` writes from the config:
+ENDPOINT_NAME / INSTANCE_TYPE / INSTANCE_COUNT (production), STAGING_ENDPOINT_NAME / STAGING_INSTANCE_TYPE /
+STAGING_INSTANCE_COUNT, MODEL_PACKAGE_GROUP, SAGEMAKER_ROLE_ARN (the models' execution role), DATA_CAPTURE_S3_URI and
+GUARDRAILS_ALARM (production), SCALING_MIN_INSTANCES / SCALING_MAX_INSTANCES / SCALING_TARGET_INVOCATIONS (production
+autoscaling), AUTO_PROMOTE, TEST_ROWS / TEST_MAX_ACCURACY_DROP / TEST_P95_MS (the endpoint test), ALERTS_TOPIC_ARN.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import endpoint_check
+import lifecycle
+import sagemaker_endpoints as endpoints
+
+SUBJECT_LIMIT = 99  # SNS: a subject is under 100 ASCII characters, one line
+
+
+@dataclass(frozen=True)
+class Stage:
+    endpoint: str
+    instance_type: str = endpoints.DEFAULT_INSTANCE_TYPE
+    instance_count: int = 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    group: str
+    staging: Stage
+    production: Stage
+    role_arn: str | None = None
+    data_capture_s3_uri: str | None = None
+    guardrails_alarm: str | None = None
+    scaling: tuple[int, int, float] = (1, 1, 100.0)
+    topic_arn: str | None = None
+    policy: lifecycle.Policy = field(default_factory=lifecycle.Policy)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """The settings of the deploy Lambda's environment; DeployError naming a missing or malformed variable."""
+
+        def get(name: str, default: str | None = None) -> str:
+            value = env.get(name) or default
+            if value is None:
+                raise endpoints.DeployError(f"the deploy Lambda's environment has no {name}: run trainium-pipeline "
+                                            f"upsert to configure it")
+            return value
+
+        try:
+            production = Stage(get("ENDPOINT_NAME"), get("INSTANCE_TYPE", endpoints.DEFAULT_INSTANCE_TYPE),
+                               int(get("INSTANCE_COUNT", "1")))
+            staging = Stage(get("STAGING_ENDPOINT_NAME", f"{production.endpoint}-staging"),
+                            get("STAGING_INSTANCE_TYPE", production.instance_type),
+                            int(get("STAGING_INSTANCE_COUNT", "1")))
+            scaling = (int(get("SCALING_MIN_INSTANCES", str(production.instance_count))),
+                       int(get("SCALING_MAX_INSTANCES", str(production.instance_count))),
+                       float(get("SCALING_TARGET_INVOCATIONS", "100")))
+            policy = lifecycle.Policy(auto_promote=get("AUTO_PROMOTE", "false").lower() == "true",
+                                      test_rows=int(get("TEST_ROWS", "200")),
+                                      max_accuracy_drop=float(get("TEST_MAX_ACCURACY_DROP", "0.02")),
+                                      p95_ms=float(get("TEST_P95_MS", "500")))
+        except ValueError as e:
+            raise endpoints.DeployError(f"the deploy Lambda's environment: {e}") from None
+        return cls(get("MODEL_PACKAGE_GROUP"), staging, production, env.get("SAGEMAKER_ROLE_ARN") or None,
+                   env.get("DATA_CAPTURE_S3_URI") or None, env.get("GUARDRAILS_ALARM") or None, scaling,
+                   env.get("ALERTS_TOPIC_ARN") or None, policy)
+
+    def stage(self, stage: str) -> Stage:
+        return self.staging if stage == lifecycle.STAGING else self.production
+
+    def stage_of(self, endpoint_name: str) -> str | None:
+        """The stage an endpoint name belongs to (SageMaker compares names case-insensitively), or None."""
+        for stage in lifecycle.STAGES:
+            if self.stage(stage).endpoint.lower() == (endpoint_name or "").lower():
+                return stage
+        return None
+
+
+def _version(package: dict) -> lifecycle.Version:
+    return lifecycle.Version(int(package["ModelPackageVersion"]), package.get("ModelApprovalStatus", ""),
+                             dict(package.get("CustomerMetadataProperties") or {}), package["ModelPackageArn"])
+
+
+def subject(line: str) -> str:
+    """An SNS subject: the line's first sentence, ASCII, at most 99 characters."""
+    text = line.encode("ascii", "replace").decode()
+    return text if len(text) <= SUBJECT_LIMIT else text[: SUBJECT_LIMIT - 3] + "..."
+
+
+class SageMakerAccount:
+    """lifecycle.Account on boto3 clients: `sagemaker`, and where needed `s3`, `sns`, `autoscaling` and `runtime`."""
+
+    def __init__(self, settings: Settings, sagemaker: Any, *, s3: Any = None, sns: Any = None,
+                 autoscaling: Any = None, runtime: Any = None) -> None:
+        self.settings, self.sm, self.s3, self.sns = settings, sagemaker, s3, sns
+        self.autoscaling, self._runtime = autoscaling, runtime
+        self.alerts: list[str] = []
+
+    @classmethod
+    def from_boto3(cls, settings: Settings, session: Any = None) -> SageMakerAccount:
+        """Clients of the default session (the Lambda's role), the runtime with honest latencies: no retries."""
+        import boto3
+        from botocore.config import Config
+
+        session = session or boto3.session.Session()
+        runtime = session.client("sagemaker-runtime", config=Config(
+            read_timeout=70, connect_timeout=5, retries={"max_attempts": 1, "mode": "standard"}))
+        return cls(settings, session.client("sagemaker"), s3=session.client("s3"), sns=session.client("sns"),
+                   autoscaling=session.client("application-autoscaling"), runtime=runtime)
+
+    def _packages(self, status: str | None = None) -> list[dict]:
+        request: dict[str, Any] = {"ModelPackageGroupName": self.settings.group}
+        if status:
+            request["ModelApprovalStatus"] = status
+        pages = self.sm.get_paginator("list_model_packages").paginate(**request)
+        return [summary for page in pages for summary in page["ModelPackageSummaryList"]]
+
+    def approved(self) -> list[lifecycle.Version]:
+        return [_version(self.sm.describe_model_package(ModelPackageName=summary["ModelPackageArn"]))
+                for summary in self._packages(lifecycle.APPROVED)]
+
+    def version(self, number: int) -> lifecycle.Version | None:
+        for summary in self._packages():
+            if int(summary.get("ModelPackageVersion", 0)) == int(number):
+                return _version(self.sm.describe_model_package(ModelPackageName=summary["ModelPackageArn"]))
+        return None
+
+    def set_metadata(self, version: lifecycle.Version, values: dict[str, str]) -> None:
+        """Read, merge, write the whole map (moto would otherwise drop the keys not sent). The approval status is not
+        sent (a stale one could undo a rejection made meanwhile); moto drops it then, so it is restored if gone."""
+        package = self.sm.describe_model_package(ModelPackageName=version.arn)
+        merged = {**(package.get("CustomerMetadataProperties") or {}), **values}
+        self.sm.update_model_package(ModelPackageArn=version.arn, CustomerMetadataProperties=merged)
+        status = package.get("ModelApprovalStatus")
+        if status and not self.sm.describe_model_package(ModelPackageName=version.arn).get("ModelApprovalStatus"):
+            kept = {"ApprovalDescription": package["ApprovalDescription"]} if package.get("ApprovalDescription") else {}
+            self.sm.update_model_package(ModelPackageArn=version.arn, ModelApprovalStatus=status,
+                                         CustomerMetadataProperties=merged, **kept)
+
+    def endpoint(self, stage: str) -> lifecycle.Endpoint:
+        name = self.settings.stage(stage).endpoint
+        described = endpoints.describe(self.sm.describe_endpoint, EndpointName=name)
+        if described is None:
+            return lifecycle.Endpoint(name)
+        config = endpoints.target_config(described)
+        instances = sum(int(v.get("CurrentInstanceCount") or 0) for v in described.get("ProductionVariants") or [])
+        return lifecycle.Endpoint(name, endpoints.config_version(config), described.get("EndpointStatus", ""),
+                                  instances or None, config)
+
+    def failure_reason(self, stage: str) -> str:
+        described = endpoints.describe(self.sm.describe_endpoint, EndpointName=self.settings.stage(stage).endpoint)
+        return (described or {}).get("FailureReason", "")
+
+    def deploy(self, stage: str, version: lifecycle.Version) -> dict[str, Any]:
+        target, production = self.settings.stage(stage), stage == lifecycle.PRODUCTION
+        return endpoints.deploy(
+            self.sm, version.arn, target.endpoint, target.instance_type, target.instance_count,
+            role_arn=self.settings.role_arn,
+            data_capture_s3_uri=self.settings.data_capture_s3_uri if production else None,
+            guardrails_alarm=self.settings.guardrails_alarm if production else None,
+            autoscaling=self.autoscaling if production else None,
+        )
+
+    def in_service(self, stage: str) -> str:
+        if stage != lifecycle.PRODUCTION or self.autoscaling is None:
+            return ""
+        low, high, target = self.settings.scaling
+        endpoints.apply_autoscaling(self.autoscaling, self.settings.production.endpoint, low, high, target)
+        return f"autoscaling {low}-{high} instances, target {target:g} invocations per instance per minute"
+
+    def runtime(self, stage: str) -> Any:
+        return self._runtime
+
+    def sample(self, version: lifecycle.Version) -> list[dict[str, Any]]:
+        package = self.sm.describe_model_package(ModelPackageName=version.arn)
+        report = package.get("ModelMetrics", {}).get("ModelQuality", {}).get("Statistics", {}).get("S3Uri", "")
+        if not report.startswith("s3://"):
+            raise endpoint_check.SampleError(f"version {version.number} has no evaluation report in its metrics")
+        uri = f"{report.rsplit('/', 1)[0]}/{endpoint_check.SAMPLE_FILE}"
+        bucket, _, key = uri[5:].partition("/")
+        try:
+            body = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except Exception as e:
+            code = (getattr(e, "response", None) or {}).get("Error", {}).get("Code", type(e).__name__)
+            raise endpoint_check.SampleError(f"{uri}: {code}") from None
+        return endpoint_check.read_sample(body.splitlines(), uri)
+
+    def alert(self, line: str, detail: dict[str, Any]) -> None:
+        """One readable line plus the JSON, to the alerts topic (when configured) and the log."""
+        self.alerts.append(line)
+        print(json.dumps({"alert": line, **detail}, default=str))
+        if self.sns is not None and self.settings.topic_arn:
+            self.sns.publish(TopicArn=self.settings.topic_arn, Subject=subject(line),
+                             Message=f"{line}\n{json.dumps(detail, default=str, indent=2)}")

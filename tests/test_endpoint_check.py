@@ -1,0 +1,72 @@
+"""The endpoint test (steps/endpoint_check.py) through the stock boto3 `sagemaker-runtime` client against a real local
+endpoint: accuracy against the evaluation's on the same rows, the p95 budget, error answers; the sample's format."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import boto3
+import pytest
+from fixtures_lifecycle import sample_rows, toy_version
+
+from pipeline.code import step_module
+from pipeline.local.endpoint import LocalEndpoint
+
+check = step_module("endpoint_check")
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory, no_network_module):
+    folder = tmp_path_factory.mktemp("check")
+    models = {kind: toy_version(folder / kind, kind)[0] for kind in ("good", "flipped")}
+    served = LocalEndpoint()
+    served.start(models["good"], "under-test", port=0)
+    runtime = boto3.client("sagemaker-runtime", endpoint_url=served.url, region_name="us-east-1")
+    yield served, models, runtime
+    served.stop()
+
+
+def test_a_good_model_passes_and_a_flipped_one_fails_on_accuracy(endpoint):
+    served, models, runtime = endpoint
+    rows = sample_rows()
+    result = check.run(runtime, "under-test", rows, max_accuracy_drop=0.02, p95_budget_ms=5000)
+    assert result["passed"] and result["rows"] == 40 and result["errors"] == 0
+    assert (result["accuracy"], result["reference_accuracy"]) == (1.0, 0.95)  # the evaluation erred on 2 rows
+    assert 0 < result["p50_ms"] <= result["p95_ms"] < 5000
+    served.update(models["flipped"])
+    try:
+        failed = check.run(runtime, "under-test", rows, max_accuracy_drop=0.02, p95_budget_ms=5000)
+    finally:
+        served.update(models["good"])
+    assert not failed["passed"] and failed["accuracy"] == 0.0 and failed["errors"] == 0
+    assert failed["reason"] == "accuracy 0.0000 is below the evaluation's 0.9500 on the same rows by more than 0.02"
+
+
+def test_latency_budget_and_error_answers(endpoint):
+    _, _, runtime = endpoint
+    rows = sample_rows(10)
+    slow = check.run(runtime, "under-test", rows, max_accuracy_drop=0.02, p95_budget_ms=0.001)
+    assert not slow["passed"] and re.fullmatch(r"p95 latency [\d.]+ ms is over the budget of 0.001 ms", slow["reason"])
+    wrong = check.run(runtime, "no-such-endpoint", rows, max_accuracy_drop=1, p95_budget_ms=5000)
+    assert not wrong["passed"] and wrong["errors"] == 10
+    assert wrong["reason"].startswith("10 of 10 requests got an error answer (ValidationError: Endpoint no-such-")
+    values = check.metadata(wrong, "2026-01-01T00:00:00.000000Z")
+    assert values["staging_test"] == "fail" and values["staging_test_errors"] == "10"
+    assert all(re.fullmatch(r"[\w\s.:/=+\-@]{1,256}", v) for v in values.values()), values
+    assert check.last_test(values).startswith("fail: 10 of 10 requests got an error answer ValidationError")
+
+
+def test_sample_format_and_stratified_pick():
+    rows = sample_rows(40)
+    lines = [json.dumps(r) for r in rows]
+    assert check.read_sample(lines) == rows
+    with pytest.raises(check.SampleError, match="endpoint_sample.jsonl line 2: expected"):
+        check.read_sample([lines[0], '{"text": "x", "label": 2, "prediction": 0}'])
+    with pytest.raises(check.SampleError, match="holds no rows"):
+        check.read_sample(["", "  "])
+    picked = check.pick(rows, 10)
+    assert len(picked) == 10 and sum(r["label"] for r in picked) == 5 and picked == [r for r in rows if r in picked]
+    skewed = [{"text": str(i), "label": int(i < 10), "prediction": 0} for i in range(40)]  # a quarter positive
+    assert sum(r["label"] for r in check.pick(skewed, 8)) == 2
+    assert check.pick(rows, 100) == rows

@@ -1,0 +1,351 @@
+"""The deploy Lambda's lifecycle (steps/deploy.py) against moto, in-process: events in EventBridge's shapes, the
+Model Registry, S3 (the labelled sample), SNS (alerts, read through an SQS subscription) and Application Auto Scaling
+are moto's. The endpoint test goes through the stock `sagemaker-runtime` client to a real local endpoint serving a
+torch-free classifier under the staging endpoint's name (moto's own invoke answers a canned body).
+
+moto creates endpoints InService at once and lacks UpdateEndpoint: `Service` plays SageMaker's asynchrony (Creating /
+Updating until `finish()`, which returns the "SageMaker Endpoint State Change" event SageMaker would send)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from fixtures_lifecycle import toy_version
+
+from pipeline.code import step_module
+from pipeline.config import load_config
+from pipeline.local.endpoint import LocalEndpoint
+from pipeline.sagemaker.upsert import lambda_environment
+
+deploy = step_module("deploy")
+lifecycle = step_module("lifecycle")
+account_module = step_module("sagemaker_account")
+endpoints = step_module("sagemaker_endpoints")
+
+ROOT = Path(__file__).resolve().parent.parent
+REGION, ACCOUNT, BUCKET, GROUP = "us-east-1", "123456789012", "lifecycle-bucket", "trainium-bert"
+STAGING, PRODUCTION = "trainium-bert-staging", "trainium-bert"
+ROLE = f"arn:aws:iam::{ACCOUNT}:role/SageMakerExecutionRole"
+
+
+class Service:
+    """moto's SageMaker client, with endpoints that take their time as SageMaker's do."""
+
+    def __init__(self, client) -> None:
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.sagemaker.models import sagemaker_backends
+
+        self._client, self.updates = client, []
+        self._endpoints = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].endpoints
+        self._pending: dict[str, str] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def create_endpoint(self, **kwargs):
+        answer = self._client.create_endpoint(**kwargs)
+        self._endpoints[kwargs["EndpointName"]].endpoint_status = "Creating"
+        return answer
+
+    def update_endpoint(self, **kwargs):
+        self.updates.append(kwargs)
+        endpoint = self._endpoints[kwargs["EndpointName"]]
+        if endpoint.endpoint_status != "InService":
+            raise ClientError({"Error": {"Code": "ValidationException", "Message": "Cannot update in-progress "
+                                         "endpoint"}}, "UpdateEndpoint")
+        self._pending[kwargs["EndpointName"]] = kwargs["EndpointConfigName"]
+        endpoint.endpoint_status = "Updating"
+        return {"EndpointArn": endpoint.arn}
+
+    def describe_endpoint(self, **kwargs):
+        described = self._client.describe_endpoint(**kwargs)
+        if kwargs["EndpointName"] in self._pending:
+            described["PendingDeploymentSummary"] = {"EndpointConfigName": self._pending[kwargs["EndpointName"]]}
+        return described
+
+    def busy(self, name: str, status: str = "Updating") -> None:
+        self._endpoints[name].endpoint_status = status
+
+    def finish(self, name: str, status: str = "IN_SERVICE") -> dict:
+        """End the endpoint's creation or update; the event SageMaker then sends."""
+        endpoint = self._endpoints[name]
+        endpoint.endpoint_config_name = self._pending.pop(name, endpoint.endpoint_config_name)
+        endpoint.endpoint_status = "InService" if status == "IN_SERVICE" else "Failed"
+        return {"version": "0", "source": "aws.sagemaker", "detail-type": deploy.ENDPOINT_EVENT,
+                "resources": [endpoint.arn],
+                "detail": {"EndpointName": name, "EndpointArn": endpoint.arn, "EndpointStatus": status,
+                           "EndpointConfigName": endpoint.endpoint_config_name}}
+
+
+def package_event(version: int, status: str, updated: list[str] | None = None) -> dict:
+    arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/{GROUP}/{version}"
+    detail = {"ModelPackageGroupName": GROUP, "ModelPackageVersion": version, "ModelPackageArn": arn,
+              "ModelApprovalStatus": status, "ModelPackageStatus": "Completed"}
+    if updated is not None:
+        detail["UpdatedModelPackageFields"] = updated
+    return {"version": "0", "source": "aws.sagemaker", "detail-type": deploy.MODEL_PACKAGE_EVENT,
+            "resources": [arn], "detail": detail}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, no_network_module):
+    """The staging endpoint's model, served for real: the runtime client of the tests goes here."""
+    folder = tmp_path_factory.mktemp("toys")
+    models = {kind: toy_version(folder / kind, kind)[0] for kind in ("good", "broken")}
+    endpoint = LocalEndpoint()
+    endpoint.start(models["good"], STAGING, port=0, version="good")
+    yield endpoint, models
+    endpoint.stop()
+
+
+class World:
+    """One moto account: registry, bucket, alerts topic with an SQS subscription, and the lifecycle's account."""
+
+    def __init__(self, served, tmp_path: Path, *sets: str) -> None:
+        self.endpoint, self.models = served
+        self.sm = Service(boto3.client("sagemaker", region_name=REGION))
+        self.s3, self.sns, self.sqs = (boto3.client(s, region_name=REGION) for s in ("s3", "sns", "sqs"))
+        self.aas = boto3.client("application-autoscaling", region_name=REGION)
+        self.s3.create_bucket(Bucket=BUCKET)
+        topic = self.sns.create_topic(Name="trainium-bert-alerts")["TopicArn"]
+        self.queue = self.sqs.create_queue(QueueName="alerts")["QueueUrl"]
+        queue_arn = self.sqs.get_queue_attributes(QueueUrl=self.queue, AttributeNames=["QueueArn"])["Attributes"]
+        self.sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn["QueueArn"])
+        self.sm.create_model_package_group(ModelPackageGroupName=GROUP)
+        self.cfg = load_config(ROOT / "pipeline.yaml", [f"aws.role_arn={ROLE}", f"aws.bucket={BUCKET}",
+                                                        f"alerts.topic_arn={topic}", *sets], environ={})
+        self.settings = account_module.Settings.from_env(lambda_environment(self.cfg))
+        runtime = boto3.client("sagemaker-runtime", endpoint_url=self.endpoint.url, region_name=REGION)
+        self.account = account_module.SageMakerAccount(self.settings, self.sm, s3=self.s3, sns=self.sns,
+                                                       autoscaling=self.aas, runtime=runtime)
+        self.tmp = tmp_path
+
+    def register(self, status: str = "Approved", kind: str = "good") -> int:
+        number = len(self.sm.list_model_packages(ModelPackageGroupName=GROUP)["ModelPackageSummaryList"]) + 1
+        _, report = toy_version(self.tmp / f"v{number}", kind)
+        prefix = f"trainium-bert/executions/exec{number}/evaluation"
+        for path in report.parent.iterdir():
+            self.s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{path.name}", Body=path.read_bytes())
+        self.sm.create_model_package(
+            ModelPackageGroupName=GROUP, ModelApprovalStatus=status,
+            CustomerMetadataProperties={"accuracy": "0.95", "kind": kind},
+            InferenceSpecification={"Containers": [{"Image": "763104351884.dkr.ecr.us-east-1.amazonaws.com/hf:cpu",
+                                                    "ModelDataUrl": f"s3://{BUCKET}/model{number}.tar.gz"}],
+                                    "SupportedContentTypes": ["application/json"],
+                                    "SupportedResponseMIMETypes": ["application/json"]},
+            ModelMetrics={"ModelQuality": {"Statistics": {"ContentType": "application/json",
+                                                          "S3Uri": f"s3://{BUCKET}/{prefix}/evaluation.json"}}},
+        )
+        return number
+
+    def approve(self, number: int, status: str = "Approved") -> dict:
+        arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/{GROUP}/{number}"
+        metadata = self.sm.describe_model_package(ModelPackageName=arn)["CustomerMetadataProperties"]
+        self.sm.update_model_package(ModelPackageArn=arn, ModelApprovalStatus=status,  # as `models approve` does
+                                     CustomerMetadataProperties=metadata)
+        return package_event(number, status, ["ModelApprovalStatus"])
+
+    def handle(self, event: dict) -> dict:
+        """The Lambda's entry, as EventBridge invokes it; the staging endpoint serves the model of what it holds."""
+        served = self.account.endpoint(lifecycle.STAGING).version
+        if served:
+            meta = self.account.version(served).metadata
+            self.endpoint.update(self.models[meta["kind"]], meta["kind"])
+        return deploy.handle(event, self.account)
+
+    def metadata(self, number: int) -> dict:
+        arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/{GROUP}/{number}"
+        return self.sm.describe_model_package(ModelPackageName=arn).get("CustomerMetadataProperties") or {}
+
+    def serving(self, stage: str) -> int | None:
+        return self.account.endpoint(stage).version
+
+    def alerts(self) -> list[tuple[str, str]]:
+        found = []
+        while messages := self.sqs.receive_message(QueueUrl=self.queue, MaxNumberOfMessages=10).get("Messages"):
+            for message in messages:
+                body = json.loads(message["Body"])
+                found.append((body["Subject"], body["Message"]))
+                self.sqs.delete_message(QueueUrl=self.queue, ReceiptHandle=message["ReceiptHandle"])
+        return found
+
+
+@pytest.fixture
+def world(moto_session, served, tmp_path, monkeypatch):
+    mock, _ = moto_session
+    mock.reset()
+    monkeypatch.setenv("SAGEMAKER_ROLE_ARN", ROLE)
+    return World(served, tmp_path)
+
+
+def actions(result: dict) -> list[tuple[str, str, int | None]]:
+    return [(o["stage"], o["action"], o["version"]) for o in result["outcomes"]]
+
+
+def test_approval_staging_test_promotion_autoscaling(world):
+    world.register()
+    result = world.handle(world.approve(1))
+    assert actions(result) == [("staging", "created", 1)]
+    assert result["endpoint_config_name"].startswith(f"{STAGING}-v1-") and world.serving("staging") == 1
+    assert world.metadata(1).get("staging_test") is None  # Creating: the test waits for InService
+
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result) == [("staging", "unchanged", 1), ("staging", "test", 1)]
+    test = world.metadata(1)
+    assert test["staging_test"] == "pass" and test["staging_test_rows"] == "40"
+    assert test["staging_test_accuracy"] == "1.0" and test["staging_test_reference_accuracy"] == "0.95"
+    assert float(test["staging_test_p95_ms"]) >= float(test["staging_test_p50_ms"]) > 0
+    legal = re.compile(r"[\w\s.:/=+\-@]*")  # UpdateModelPackage's alphabet of metadata values (moto checks none)
+    assert all(legal.fullmatch(value) and len(value) <= 256 for value in test.values()), test
+    assert test["kind"] == "good" and test["accuracy"] == "0.95"  # merged, nothing wiped
+    (subject, message), = world.alerts()
+    assert subject.startswith("staging test of version 1 on trainium-bert-staging: PASS on 40 rows")
+    line, body = message.split("\n", 1)
+    assert line.startswith(subject[:60]) and json.loads(body)["test"]["passed"] is True
+    assert world.serving("production") is None  # deploy.auto_promote is off on AWS by default
+
+    with pytest.raises(lifecycle.Refused, match="version 2 is PendingManualApproval, not Approved"):
+        lifecycle.Lifecycle(world.account, world.settings.policy).promote(world.account.version(world.register(
+            "PendingManualApproval")))
+    outcomes = lifecycle.Lifecycle(world.account, world.settings.policy).promote(world.account.version(1))
+    assert [(o["action"], o["version"]) for o in outcomes] == [("promotion", 1), ("created", 1)]
+    assert "promoted_at" in world.metadata(1)
+    result = world.handle(world.sm.finish(PRODUCTION))
+    assert actions(result) == [("production", "unchanged", 1), ("production", "scaling", 1)]
+    world.handle(world.sm.finish(PRODUCTION))  # events repeat: the same target and policy, updated in place
+    resource = endpoints.scaling_resource(PRODUCTION)
+    (target,) = world.aas.describe_scalable_targets(ServiceNamespace="sagemaker", ResourceIds=[resource])[
+        "ScalableTargets"]
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (1, 2)
+    (policy,) = world.aas.describe_scaling_policies(ServiceNamespace="sagemaker", ResourceId=resource)[
+        "ScalingPolicies"]
+    tracking = policy["TargetTrackingScalingPolicyConfiguration"]
+    assert tracking["TargetValue"] == 100.0
+    assert tracking["PredefinedMetricSpecification"]["PredefinedMetricType"] == "SageMakerVariantInvocationsPerInstance"
+    assert [s for s, _ in world.alerts()] == ["production trainium-bert: version 1 promoted by hand"]
+
+
+def test_auto_promotion_and_a_broken_version_that_never_reaches_production(world):
+    world.settings = world.account.settings = account_module.Settings.from_env(
+        {**lambda_environment(world.cfg), "AUTO_PROMOTE": "true"})
+    world.register()
+    world.handle(world.approve(1))
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result) == [("staging", "unchanged", 1), ("staging", "test", 1), ("production", "promotion", 1),
+                               ("production", "created", 1)]
+    world.handle(world.sm.finish(PRODUCTION))
+    world.register(kind="broken")
+    assert actions(world.handle(world.approve(2))) == [("staging", "updated", 2)]
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result) == [("staging", "unchanged", 2), ("staging", "test", 2)]
+    assert world.metadata(2)["staging_test"] == "fail"
+    assert "40 of 40 requests got an error answer ModelError: " in world.metadata(2)["staging_test_reason"]
+    assert (world.serving("staging"), world.serving("production")) == (2, 1)
+    assert len(world.sm.updates) == 1  # production untouched
+
+
+def test_an_approval_while_the_endpoint_is_busy_is_deployed_after_the_update(world):
+    """Issue 19 item 3: the approval is not refused nor lost; the update's own InService event deploys it."""
+    world.register()
+    world.handle(world.approve(1))
+    world.handle(world.sm.finish(STAGING))
+    world.sm.busy(STAGING, "Updating")  # e.g. a data capture change in flight
+    world.register()
+    result = world.handle(world.approve(2))
+    assert actions(result) == [("staging", "deferred", 2)] and result["action"] == "deferred"
+    assert "follows when it is InService" in result["outcomes"][0]["line"] and world.sm.updates == []
+    world.register()
+    assert actions(world.handle(world.approve(3))) == [("staging", "deferred", 3)]  # two approvals, one update
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result) == [("staging", "updated", 3)]
+    (update,) = world.sm.updates
+    assert update["EndpointConfigName"].startswith(f"{STAGING}-v3-") and "RetainAllVariantProperties" not in update
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result) == [("staging", "unchanged", 3), ("staging", "test", 3)]
+
+
+def test_rejection_rolls_back_and_says_when_there_is_nothing_to_roll_back_to(world):
+    promoted_twice(world)
+    update = world.sm.updates[-1]
+    assert update["EndpointName"] == PRODUCTION and update["RetainAllVariantProperties"] is True
+    assert update["ExcludeRetainedVariantProperties"] == [{"VariantPropertyType": "DataCaptureConfig"}]
+    world.alerts()
+
+    result = world.handle(world.approve(2, "Rejected"))
+    assert actions(result)[:2] == [("production", "rollback", 1), ("production", "updated", 1)]
+    assert ("staging", "rollback", 1) in actions(result) and world.serving("staging") == 1
+    world.handle(world.sm.finish(PRODUCTION))
+    assert world.serving("production") == 1
+    subjects = [s for s, _ in world.alerts()]
+    assert subjects[0].startswith("production trainium-bert: version 2 is no longer Approved: back to version 1")
+    # A version rejected where nothing else passed: the endpoint is left serving it, and the alert says so.
+    result = world.handle(world.approve(1, "Rejected"))
+    assert actions(result)[0] == ("production", "no-rollback", 1) and world.serving("production") == 1
+    assert any(m.startswith("production") and "keeps serving it" in m.split("\n")[0] for _, m in world.alerts())
+
+
+
+def promoted_twice(world) -> lifecycle.Lifecycle:
+    """Versions 1 and 2 approved, tested and promoted in turn; production serves 2 (updated from 1)."""
+    for _ in range(2):
+        world.register("PendingManualApproval")
+    life = lifecycle.Lifecycle(world.account, world.settings.policy)
+    for number in (1, 2):
+        world.handle(world.approve(number))
+        world.handle(world.sm.finish(STAGING))
+        life.promote(world.account.version(number))
+        world.handle(world.sm.finish(PRODUCTION))
+    return life
+
+
+def test_an_update_rolled_back_by_its_alarm_is_not_retried_until_promoted_again(world):
+    life = promoted_twice(world)
+    world.register("PendingManualApproval")
+    world.handle(world.approve(3))
+    world.handle(world.sm.finish(STAGING))
+    life.promote(world.account.version(3))
+    updates = len(world.sm.updates)
+    world.sm._pending.pop(PRODUCTION)  # the blue/green update rolled back: production stays on version 2
+    result = world.handle(world.sm.finish(PRODUCTION))
+    assert actions(result) == [("production", "deploy-failed", 3)] and len(world.sm.updates) == updates
+    assert "version 3 was sent there after version 2, yet 2 serves (rolled back or failed); not retried" in result[
+        "outcomes"][0]["line"]
+    assert actions(world.handle(world.sm.finish(PRODUCTION))) == [("production", "deploy-failed", 3)]  # no loop
+    outcomes = life.promote(world.account.version(3))  # by hand: sent again
+    assert [(o["action"], o["version"]) for o in outcomes] == [("promotion", 3), ("updated", 3)]
+    assert len(world.sm.updates) == updates + 1
+
+
+def test_metadata_writes_other_groups_and_endpoints_are_ignored(world):
+    world.register()
+    assert world.handle(package_event(1, "Approved", ["CustomerMetadataProperties"]))["action"] == "ignored"
+    other = package_event(1, "Approved")
+    other["detail"]["ModelPackageGroupName"] = "another-group"
+    assert world.handle(other)["action"] == "ignored"
+    stray = {"detail-type": deploy.ENDPOINT_EVENT,
+             "detail": {"EndpointName": "someone-elses", "EndpointStatus": "IN_SERVICE"}}
+    assert world.handle(stray)["action"] == "ignored"
+    assert world.sm.list_endpoints()["Endpoints"] == []
+    with pytest.raises(deploy.UnknownEvent, match="unrecognised event"):
+        world.handle({"hello": "world"})
+
+
+def test_the_deploy_step_refuses_a_version_that_is_not_approved_and_fails_on_a_failed_endpoint(world):
+    world.register("PendingManualApproval")
+    arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/{GROUP}/1"
+    with pytest.raises(endpoints.NotApproved, match="is PendingManualApproval, not Approved"):
+        world.handle({"model_package_arn": arn})
+    world.approve(1)
+    result = world.handle({"model_package_arn": arn})
+    assert (result["action"], result["endpoint_name"]) == ("created", STAGING)
+    result = world.handle(world.sm.finish(STAGING, "FAILED"))
+    assert actions(result) == [("staging", "deploy-failed", None)]
+    with pytest.raises(endpoints.DeployError, match="is Failed and cannot be updated"):
+        world.register()
+        world.approve(2)
+        world.handle({"model_package_arn": arn.replace("/1", "/2")})
