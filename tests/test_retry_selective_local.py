@@ -190,7 +190,11 @@ def test_a_selective_run_of_evaluate_gives_a_new_report_and_registers_nothing_un
     assert "Deploy" not in registered.steps and "ApprovedGate" not in registered.steps
     latest, first = account.registry.list("trainium-bert")
     assert latest.version == 2 and latest.customer_metadata["pipeline_execution"] == registered.arn
-    assert latest.model_data == first.model_data  # the model trained by the source execution
+    # what Evaluate packed (the source's trained model and its serving variant), from the Evaluate step it reused
+    assert registered.steps["Train"].reused_from == source.id
+    serving = registered.steps["Evaluate"].properties["ProcessingOutputConfig"]["Outputs"]["serving"]["S3Output"]
+    assert latest.model_data.endswith(serving["S3Uri"].split("://", 1)[1] + "/model.tar.gz"), latest.model_data
+    assert first.model_data.endswith("/serving/model.tar.gz") and first.model_data != latest.model_data
 
     code, out = cli(capsys, *local(sets, "run", "--steps", "Evaluate", "--from", "no-such-execution"))
     assert code == 1 and "no local execution no-such-execution" in out
