@@ -3,10 +3,12 @@ evaluation.
 
 Runs in the deploy Lambda (standard library; the caller passes a boto3 `sagemaker-runtime` client) and in the local
 backend (the same client with `endpoint_url` set to the local endpoint). The rows come from `endpoint_sample.jsonl`,
-which the Evaluate step writes next to evaluation.json: one JSON object per line, {"text", "label", "prediction"},
-a stratified sample of the test split with the evaluation's own prediction of each row (0 negative, 1 positive).
+which the Evaluate step writes next to evaluation.json: one JSON object per line, {"text", "label", "prediction"}
+(and "text_pair", the content of a row with a title), a stratified sample of the test split with the evaluation's
+own prediction of each row (0 negative, 1 positive).
 
-`run()` sends each row as one request ({"inputs": [text]}, as a client would) and checks:
+`run()` sends each row as one request ({"inputs": [text]} or {"inputs": [{"text", "text_pair"}]}, as a client
+would) and checks:
   * no error answer (a ModelError, a refused or unreadable answer, a connection error);
   * accuracy >= the evaluation's accuracy on the same rows - max_accuracy_drop;
   * p95 of the request latencies (measured by the caller: network and signing included) <= p95_budget_ms.
@@ -42,13 +44,14 @@ def read_sample(lines: Iterable[str | bytes], source: str = SAMPLE_FILE) -> list
             continue
         try:
             row = json.loads(text)
-            ok = (isinstance(row["text"], str) and row["label"] in (0, 1) and row["prediction"] in (0, 1)
+            ok = (isinstance(row["text"], str) and isinstance(row.get("text_pair", ""), str)
+                  and row["label"] in (0, 1) and row["prediction"] in (0, 1)
                   and not isinstance(row["label"], bool) and not isinstance(row["prediction"], bool))
         except (ValueError, KeyError, TypeError):
             ok = False
         if not ok:
-            raise SampleError(f"{source} line {number}: expected {{\"text\": str, \"label\": 0|1, \"prediction\": "
-                              f"0|1}}, got {text.strip()[:80]!r}")
+            raise SampleError(f"{source} line {number}: expected {{\"text\": str, [\"text_pair\": str,] \"label\": "
+                              f"0|1, \"prediction\": 0|1}}, got {text.strip()[:80]!r}")
         rows.append(row)
     if not rows:
         raise SampleError(f"{source} holds no rows")
@@ -80,6 +83,10 @@ def _error(error: Exception) -> str:
     return f"{code or type(error).__name__}: {' '.join(message.split())[:160]}"
 
 
+def _text(row: dict[str, Any]) -> str | dict[str, str]:
+    return {"text": row["text"], "text_pair": row["text_pair"]} if "text_pair" in row else row["text"]
+
+
 def _label(body: bytes) -> int:
     """The predicted label of a one-text answer [{"label": ...}]; ValueError for anything else."""
     answer = json.loads(body)
@@ -106,7 +113,7 @@ def run(
         try:
             body = client.invoke_endpoint(
                 EndpointName=endpoint, ContentType="application/json", Accept="application/json",
-                Body=json.dumps({"inputs": [row["text"]]}),
+                Body=json.dumps({"inputs": [_text(row)]}),
             )["Body"].read()
         except Exception as e:  # botocore's ClientError (ModelError, ValidationError) and connection errors
             problem = _error(e)

@@ -1,11 +1,12 @@
 """The endpoint test's labelled rows (steps/endpoint_check.py reads them), written by the Evaluate step next to
 evaluation.json: the evaluation's stratified sample of the test split as text, one JSON object per line
-{"text", "label", "prediction"}, the prediction being the evaluation's own (the one its accuracy counts), so that the
-endpoint's accuracy on these rows compares with the evaluation's on the very same rows.
+{"text", "label", "prediction"} (plus "text_pair" for a row with a title: "text" is the title, "text_pair" the
+content), the prediction being the evaluation's own (the one its accuracy counts), so that the endpoint's accuracy
+on these rows compares with the evaluation's on the very same rows.
 
-The split holds token ids only: each row is decoded with the model's own tokenizer (special tokens dropped; a title
-and its content become one text, as a client sends a review). Without a tokenizer in the artifact no sample is
-written, and the endpoint test says so.
+The split holds token ids only: each row is decoded with the model's own tokenizer (special tokens dropped), a pair
+in its two parts (token type 0, token type 1), so that the endpoint encodes it as the Tokenize step did. Without a
+tokenizer in the artifact no sample is written, and the endpoint test says so.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ def write(output_dir: str | Path, model_folder: Path, rows: Any, labels: Sequenc
     path = Path(output_dir) / SAMPLE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as out:
-        for ids, label, prediction in zip(rows["input_ids"].to_pylist(), labels, predictions, strict=True):
-            out.write(json.dumps({"text": decode(ids), "label": int(label), "prediction": int(prediction)}) + "\n")
+        for ids, types, label, prediction in zip(rows["input_ids"].to_pylist(), rows["token_type_ids"].to_pylist(),
+                                                 labels, predictions, strict=True):
+            text = {"text": decode([i for i, t in zip(ids, types, strict=True) if t == 0])}
+            if any(types):
+                text["text_pair"] = decode([i for i, t in zip(ids, types, strict=True) if t == 1])
+            out.write(json.dumps({**text, "label": int(label), "prediction": int(prediction)}) + "\n")
     return path

@@ -371,8 +371,10 @@ def test_a_port_in_use_is_one_line_in_the_foreground_and_in_the_background(local
     line = one_line_error(*cli(capsys, "serve", "--version", "1", "--port", str(taken_port), *root)[::2])
     assert line == (f"error: endpoint trainium-bert: cannot listen on 127.0.0.1:{taken_port}: Address already in use "
                     "(choose another port)")
-    line = one_line_error(*cli(capsys, "--set", f"local.port={taken_port}", "deploy", "1", "--local", *root)[::2])
-    assert line.startswith("error: endpoint trainium-bert exited with code 1 before serving: endpoint trainium-bert: "
+    taken = f"local.staging_port={taken_port}"
+    line = one_line_error(*cli(capsys, "--set", taken, "deploy", "1", "--local", *root)[::2])
+    assert line.startswith("error: staging trainium-bert-staging: deploying version 1 failed: endpoint "
+                           "trainium-bert-staging exited with code 1 before serving: endpoint trainium-bert-staging: "
                            f"cannot listen on 127.0.0.1:{taken_port}: Address already in use")
 
 

@@ -19,6 +19,7 @@ ev = load_step("evaluate")
 check = step_module("endpoint_check")
 TEXTS = CORPUS + ["great", "terrible zippers", "the battery broke after a week of great sound", "love it",
                   "works perfectly, five stars", "broke after two days"]
+ROWS = [(TEXTS[(i + 3) % len(TEXTS)] if i % 3 == 0 else None, text) for i, text in enumerate(TEXTS)]
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +29,14 @@ def evaluated(tmp_path_factory, no_network_module) -> tuple[Path, Path, list[int
     root = tmp_path_factory.mktemp("sample")
     model = add_serving_code(build_split_model(root / "model", build_tokenizer(root / "tok", TEXTS), TEXTS))
     tokenizer = AutoTokenizer.from_pretrained(str(model))
-    encoded = tokenizer(TEXTS)
     labels = [i % 2 for i in range(len(TEXTS))]
-    ids = encoded["input_ids"]
-    test = write_tokenized(root / "test", ids, [[0] * len(row) for row in ids], labels)
+    ids, types = [], []
+    for title, content in ROWS:  # every third row a review with a title: a pair, token types 0 then 1
+        encoded = tokenizer(title or content, content if title else None, return_token_type_ids=True)
+        ids.append(encoded["input_ids"])
+        types.append(encoded["token_type_ids"])
+    assert any(1 in row for row in types)
+    test = write_tokenized(root / "test", ids, types, labels)
     out = root / "evaluation"
     ev.run(ev.parse_args(["--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(out),
                           "--sample-size", "10", "--no-int8"]))
@@ -45,8 +50,10 @@ def test_evaluate_writes_the_sampled_rows_as_text_with_its_predictions(evaluated
     report = json.loads((out / contract.REPORT_FILE).read_text())
     assert len(rows) == report["check"]["sample_size"] == 10
     assert sum(r["label"] for r in rows) == 5  # stratified: the split is half positive
-    by_text = {text: label for text, label in zip(TEXTS, labels, strict=True)}
-    assert all(by_text[r["text"]] == r["label"] for r in rows)  # decoded back to the reviews (lowercase, spaced)
+    by_text = {(title, text) if title else (text,): label for (title, text), label in zip(ROWS, labels, strict=True)}
+    assert all(by_text[(r["text"], r["text_pair"]) if "text_pair" in r else (r["text"],)] == r["label"]
+               for r in rows)  # decoded back to the reviews (lowercase, spaced), a title and its content apart
+    assert any("text_pair" in r for r in rows) and any("text_pair" not in r for r in rows)
     predictions = {r["prediction"] for r in rows}
     assert predictions == {0, 1}  # the split model labels half of the texts positive
 

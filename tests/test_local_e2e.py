@@ -125,7 +125,8 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
 
     # The Deploy step: staging, the endpoint test on Evaluate's labelled sample, then (auto-promote) production.
     metadata = account.registry.get("trainium-bert", 1).customer_metadata
-    assert metadata["staging_test"] == "pass" and metadata["staging_test_errors"] == "0"
+    assert metadata["staging_test"] == "pass" and metadata["staging_test_errors"] == "0", \
+        {k: v for k, v in metadata.items() if k.startswith("staging")}
     assert metadata["staging_test_rows"] == "10" and "promoted_at" in metadata  # Evaluate's sample: 10 rows
     assert "staging test of version 1 on trainium-bert-staging: PASS on 10 rows" in out
     assert "production trainium-bert: version 1 created" in out

@@ -1,33 +1,24 @@
-"""SageMaker inference handler of the sentiment classifier, for the Hugging Face CPU inference container.
+"""SageMaker inference handler of the sentiment classifier, for the Hugging Face CPU inference container, which
+(as the local endpoint) calls ``model_fn`` once, then ``input_fn`` -> ``predict_fn`` -> ``output_fn`` per request.
 
-The training job ships this file as ``code/inference.py`` in model.tar.gz; the container (and the project's local
-endpoint) call ``model_fn`` once, then ``input_fn`` -> ``predict_fn`` -> ``output_fn`` per request.
+Requests: application/json {"inputs": "text" | [text, ...]} (the Hugging Face convention; "parameters" is accepted
+and ignored) or a bare string or list, where a text is a string or a {"text": title, "text_pair": content} pair
+(encoded as the Tokenize step encodes training rows); text/csv, one review per line (RFC 4180 quoting); text/plain,
+one review. Responses (Accept): application/json (default), a list of ``{"label": "positive"|"negative", "score"}``
+in input order, or application/jsonlines. A text over the maximum length is truncated and says ``"truncated": true``.
+Bad input raises ``InferenceError``: message the JSON ``{"error": CODE, "detail": ...}``, ``status`` the HTTP status
+(400, 406, 413, 415; the container answers 400 with the message). No request can break the loaded model.
 
-Requests (Content-Type):
-    application/json   {"inputs": "text"}, {"inputs": ["text", ...]} (the Hugging Face convention; an optional
-                       "parameters" object is accepted and ignored), or a bare JSON string or list of strings
-    text/csv           one review per line (RFC 4180 quoting for reviews holding newlines or quotes)
-    text/plain         the whole body is one review
-Responses (Accept): application/json (default) is a list with one ``{"label": "positive"|"negative", "score": p}``
-per input, in input order; application/jsonlines gives one such object per line. An input longer than the model's
-maximum length is truncated to it (not an error) and its object says ``"truncated": true``.
+Variants, named by the environment the pipeline registers (the evaluation's choice): INFERENCE_RUNTIME=torch
+(default), with INFERENCE_QUANTIZE=int8 its Linear layers dynamically quantized; INFERENCE_RUNTIME=onnxruntime runs
+the evaluation's fused graph (onnx/model-{int8,fp32}.onnx) on ONNX Runtime from the image, else from the artifact's
+code/packages/ (nothing is downloaded). A variant that cannot run here falls back to torch fp32, in the log.
 
-Bad input raises ``InferenceError``: its message is the JSON ``{"error": CODE, "detail": ...}`` and its ``status``
-the HTTP status (400, 406, 413, 415). The container answers any handler exception with 400 and the message; the
-local endpoint uses ``status``. Nothing about a request can break the loaded model.
-
-Variants, named by the environment the pipeline registers (the evaluation's choice on the test split):
-INFERENCE_RUNTIME=torch (default) runs the transformers model, with INFERENCE_QUANTIZE=int8 its Linear layers
-dynamically quantized; INFERENCE_RUNTIME=onnxruntime runs the graph the evaluation exported, fused and quantized
-(onnx/model-int8.onnx or onnx/model-fp32.onnx) on ONNX Runtime, from the image or else from the copy the evaluation
-put in code/packages/ (nothing is downloaded). A variant that cannot run here falls back to torch fp32, in the log.
-
-Speed: the Rust tokenizer (tokenizer.json) encodes without padding; texts are sorted by length and run in
-micro-batches padded only to their own longest text (one text at a time for int8, whose activation scales are per
-batch, so that a text's answer never depends on the others in its request); intra-op threads = the CPUs divided by
-the model server's workers. Other settings: INFERENCE_MAX_TEXTS (256), INFERENCE_MAX_LENGTH (the tokenizer's
-model_max_length, which train.py sets to the training length), INFERENCE_MICRO_BATCH (8, 1 for int8),
-INFERENCE_THREADS.
+Speed: the Rust tokenizer encodes without padding; texts sorted by length run in micro-batches padded to their own
+longest (one at a time for int8, whose activation scales are per batch, so that an answer never depends on the rest
+of its request); intra-op threads = the CPUs divided by the model server's workers. Settings: INFERENCE_MAX_TEXTS
+(256), INFERENCE_MAX_LENGTH (the tokenizer's model_max_length, the training length), INFERENCE_MICRO_BATCH (8, 1 for
+int8), INFERENCE_THREADS.
 """
 
 import csv
@@ -55,6 +46,7 @@ PACKAGES_DIR = "code/packages"  # runtimes the image may lack, put there by the 
 MICRO_BATCH = {"none": 8, "int8": 1}  # texts per forward pass (int8: one, see above; about 13% less throughput)
 # (input_ids, attention_mask | None, token_type_ids | None) -> logits: int64 [rows, width] in, float [rows, labels] out
 Forward = Callable[..., np.ndarray]
+Text = str | tuple[str, str]  # a review, or a (title, content) pair
 
 
 def onnx_path(model_dir: str | Path, quantize: str) -> Path:
@@ -62,14 +54,14 @@ def onnx_path(model_dir: str | Path, quantize: str) -> Path:
     return Path(model_dir) / "onnx" / f"model-{'int8' if quantize == 'int8' else 'fp32'}.onnx"
 
 
-def _cut_point(text: str, limit: int) -> int:
-    """Where to cut a long text: after the last non-alphanumeric character in text[limit // 2 : limit], so that no
-    word is split (BERT's pre-tokenizer splits at spaces and punctuation); a longer alphanumeric run is one [UNK]
-    for WordPiece either way."""
-    for p in range(limit, limit // 2, -1):
+def _cut(text: str, limit: int) -> str:
+    """A text over `limit` characters cut after the last non-alphanumeric character in text[limit // 2 : limit], so
+    that no word is split (BERT's pre-tokenizer splits at spaces and punctuation; a longer alphanumeric run is one
+    [UNK] for WordPiece either way)."""
+    for p in range(limit, limit // 2, -1) if len(text) > limit else ():
         if not text[p - 1].isalnum():
-            return p
-    return limit
+            return text[:p]
+    return text[:limit]
 
 
 class InferenceError(ValueError):
@@ -85,8 +77,7 @@ class RuntimeUnavailable(RuntimeError):
 
 
 def _env_int(name: str, default: int, minimum: int = 1) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
+    if not (raw := os.environ.get(name, "").strip()):
         return default
     if not raw.isdigit() or int(raw) < minimum:
         raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum}")
@@ -94,8 +85,7 @@ def _env_int(name: str, default: int, minimum: int = 1) -> int:
 
 
 def _env_choice(name: str, choices: tuple[str, ...]) -> str:
-    value = os.environ.get(name, "").strip().lower() or choices[0]
-    if value not in choices:
+    if (value := os.environ.get(name, "").strip().lower() or choices[0]) not in choices:
         raise ValueError(f"{name}={value!r}: expected {' or '.join(choices)}")
     return value
 
@@ -171,6 +161,7 @@ class Classifier:
     """The loaded variant and what predicting needs."""
 
     tokenizer: Any  # a tokenizers.Tokenizer, truncating at max_length, never padding
+    pair_tokenizer: Any  # the same, cutting only the content of a pair (as the Tokenize step does)
     forward: Forward
     model: Any  # the torch module or the onnxruntime session behind `forward`
     labels: tuple[str, ...]
@@ -185,45 +176,51 @@ class Classifier:
     def variant(self) -> str:  # e.g. onnxruntime-int8, torch-fp32
         return f"{self.runtime}-{'int8' if self.quantize == 'int8' else 'fp32'}"
 
-    def encode(self, texts: list[str]) -> list[tuple[list[int], bool]]:
-        """Token ids of each text (truncated to max_length) and whether it was truncated."""
+    def _encode(self, text: Text) -> Any:  # a pair is cut in its content, as the Tokenize step does
+        if isinstance(text, str):
+            return self.tokenizer.encode(text)
+        try:
+            return self.pair_tokenizer.encode(*text)
+        except Exception:  # only_second cannot cut enough
+            return self.tokenizer.encode(*text)
+
+    def encode(self, texts: list[Text]) -> list[tuple[list[int], list[int], bool]]:
+        """Token ids and token types of each text (truncated to max_length), and whether it was truncated."""
         limit = self.max_length * CHARS_PER_TOKEN_CUT
         # Tokenizing megabytes to keep max_length tokens is waste: cut long texts between words first. Words before
         # the cut tokenize the same, so if the cut text still overflows its first tokens are the full text's.
-        cut = [t if len(t) <= limit else t[: _cut_point(t, limit)] for t in texts]
-        encodings = self.tokenizer.encode_batch(cut)
         result = []
-        for text, short, enc in zip(texts, cut, encodings, strict=True):
-            if len(short) < len(text) and not enc.overflowing:
-                enc = self.tokenizer.encode(text)
-            result.append((enc.ids, bool(enc.overflowing)))
+        for text in texts:
+            short = _cut(text, limit) if isinstance(text, str) else (_cut(text[0], limit), _cut(text[1], limit))
+            enc = self._encode(short)
+            enc = enc if short == text or enc.overflowing else self._encode(text)
+            result.append((enc.ids, enc.type_ids, bool(enc.overflowing)))
         return result
 
-    def batch(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray | None]:
-        """Rows of token ids padded to the longest, and their attention mask (None when nothing is padded)."""
-        lengths = np.array([len(r) for r in rows])
+    def batch(self, rows: list[tuple[list[int], list[int], bool]]) -> tuple[np.ndarray, ...]:
+        """Rows padded to the longest: token ids, attention mask and token types (None: all ones, all zeros)."""
+        lengths = np.array([len(ids) for ids, _, _ in rows])
         ids = np.full((len(rows), int(lengths.max())), self.pad_id, dtype=np.int64)
-        for r, row in enumerate(rows):
-            ids[r, : len(row)] = row
+        types = np.zeros_like(ids)
+        for r, (row, row_types, _) in enumerate(rows):
+            ids[r, : len(row)], types[r, : len(row)] = row, row_types
         mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
-        return ids, None if mask.all() else mask.astype(np.int64)
+        return ids, None if mask.all() else mask.astype(np.int64), types if types.any() else None
 
-    def __call__(self, texts: list[str]) -> list[dict[str, Any]]:
+    def __call__(self, texts: list[Text]) -> list[dict[str, Any]]:
         """Label and probability of each text, in input order."""
         encoded = self.encode(texts)
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i][0]))
         results: list[dict[str, Any]] = [{}] * len(texts)
         for start in range(0, len(order), self.micro_batch):
             rows = order[start : start + self.micro_batch]
-            logits = self.forward(*self.batch([encoded[i][0] for i in rows]), None).astype(np.float64)
+            logits = self.forward(*self.batch([encoded[i] for i in rows])).astype(np.float64)
             probs = np.exp(logits - logits.max(-1, keepdims=True))
             probs /= probs.sum(-1, keepdims=True)
             for r, i in enumerate(rows):
                 best = int(probs[r].argmax())
-                result = {"label": self.labels[best], "score": round(float(probs[r, best]), 6)}
-                if encoded[i][1]:
-                    result["truncated"] = True
-                results[i] = result
+                truncated = {"truncated": True} if encoded[i][2] else {}
+                results[i] = {"label": self.labels[best], "score": round(float(probs[r, best]), 6), **truncated}
         return results
 
 
@@ -281,9 +278,12 @@ def load(model_dir: str | Path, runtime: str = "torch", quantize: str = "none", 
     max_length = min(max_length or limit, limit)
     tokenizer.enable_truncation(max_length)
     tokenizer.no_padding()
+    pair_tokenizer = type(tokenizer).from_str(tokenizer.to_str())
+    pair_tokenizer.enable_truncation(max_length, strategy="only_second")
     forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads())
-    return Classifier(tokenizer, forward, model, _labels(config), max_length, _env_int("INFERENCE_MAX_TEXTS", 256),
-                      _env_int("INFERENCE_MICRO_BATCH", MICRO_BATCH[quantize]), pad_id, runtime, quantize)
+    return Classifier(tokenizer, pair_tokenizer, forward, model, _labels(config), max_length,
+                      _env_int("INFERENCE_MAX_TEXTS", 256), _env_int("INFERENCE_MICRO_BATCH", MICRO_BATCH[quantize]),
+                      pad_id, runtime, quantize)
 
 
 def model_fn(model_dir: str) -> Classifier:
@@ -321,7 +321,7 @@ def _decode(data: str | bytes | bytearray, charset: str | None) -> str:
         raise InferenceError(400, "InvalidEncoding", f"the body is not valid {charset or 'utf-8'}: {e}") from None
 
 
-def _texts_from_json(body: str) -> list[str]:
+def _texts_from_json(body: str) -> list[Text]:
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as e:
@@ -330,20 +330,21 @@ def _texts_from_json(body: str) -> list[str]:
         unknown = sorted(set(payload) - {"inputs", "parameters"})
         if "inputs" not in payload or unknown:
             found = f"keys {unknown}" if unknown else "no inputs key"
-            raise InferenceError(400, "InvalidInput", f'expected {{"inputs": "text" | ["text", ...]}}, found {found}')
+            raise InferenceError(400, "InvalidInput", f'expected {{"inputs": "text" | [text, ...]}}, found {found}')
         if "parameters" in payload and not isinstance(payload["parameters"], dict):
             raise InferenceError(400, "InvalidInput", "parameters must be a JSON object")
         payload = payload["inputs"]
     if isinstance(payload, str):
         return [payload]
     if not isinstance(payload, list):
-        raise InferenceError(
-            400, "InvalidInput", f"inputs must be a string or a list of strings, not {type(payload).__name__}"
-        )
+        raise InferenceError(400, "InvalidInput", f"inputs must be a string or a list, not {type(payload).__name__}")
+    pair = {"text", "text_pair"}
     for i, item in enumerate(payload):
-        if not isinstance(item, str):
-            raise InferenceError(400, "InvalidInput", f"inputs[{i}] is a {type(item).__name__}, expected a string")
-    return payload
+        if not (isinstance(item, str) or isinstance(item, dict) and set(item) == pair
+                and all(isinstance(v, str) for v in item.values())):
+            raise InferenceError(400, "InvalidInput", f"inputs[{i}] is a {type(item).__name__}: expected a string "
+                                 'or {"text": str, "text_pair": str}')
+    return [item if isinstance(item, str) else (item["text"], item["text_pair"]) for item in payload]
 
 
 def _texts_from_csv(body: str) -> list[str]:
@@ -354,7 +355,7 @@ def _texts_from_csv(body: str) -> list[str]:
     return [",".join(row) for row in rows if row]  # unquoted commas split a review: join it back
 
 
-def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[str]:
+def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Text]:
     """Parse and check a request body; returns the texts to classify or raises InferenceError."""
     if len(input_data) > MAX_PAYLOAD_BYTES:
         raise InferenceError(
@@ -371,19 +372,18 @@ def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[str
         raise InferenceError(415, "UnsupportedContentType", f"content type {kind!r}: use {JSON}, {CSV} or {TEXT}")
     if not texts:
         raise InferenceError(400, "EmptyInput", "no texts to classify")
-    for i, text in enumerate(texts):
-        if not text.strip():
+    for i, part in ((i, p) for i, t in enumerate(texts) for p in ((t,) if isinstance(t, str) else t)):
+        if not part.strip():
             raise InferenceError(400, "EmptyInput", f"text {i} is empty")
         try:
-            text.encode("utf-8")
+            part.encode("utf-8")
         except UnicodeEncodeError:
             raise InferenceError(400, "InvalidInput", f"text {i} holds a lone surrogate, not valid Unicode") from None
     return texts
 
 
-def predict_fn(data: list[str], model: Classifier) -> list[dict[str, Any]]:
-    """Classify the texts; one {"label", "score"} (plus "truncated": true when cut) per text, in order. More than
-    INFERENCE_MAX_TEXTS texts is a 413."""
+def predict_fn(data: list[Text], model: Classifier) -> list[dict[str, Any]]:
+    """One {"label", "score"} (and "truncated": true when cut) per text, in order; over INFERENCE_MAX_TEXTS: 413."""
     if len(data) > model.max_texts:
         raise InferenceError(413, "TooManyTexts", f"{len(data)} texts in one request, the limit is {model.max_texts}")
     return model(data)
