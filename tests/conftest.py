@@ -55,6 +55,22 @@ def _guarded_connect(self: socket.socket, address: object) -> None:
 socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_endpoint_outlives_the_tests(tmp_path_factory: pytest.TempPathFactory):
+    """Stops the detached local endpoints that tests started under their temporary folders (a failed test may
+    leave one behind; it would hold its port after the session)."""
+    yield
+    import psutil
+
+    from pipeline.local.endpoint.daemon import MODULE
+
+    base = str(tmp_path_factory.getbasetemp())
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if MODULE in command and any(arg.startswith(base) for arg in command):
+            process.terminate()
+
+
 @pytest.fixture
 def no_network():
     """Fails the test if anything tried to connect beyond loopback while it ran."""

@@ -373,9 +373,9 @@ def test_a_port_in_use_is_one_line_in_the_foreground_and_in_the_background(local
                     "(choose another port)")
     taken = f"local.staging_port={taken_port}"
     line = one_line_error(*cli(capsys, "--set", taken, "deploy", "1", "--local", *root)[::2])
-    assert line.startswith("error: staging trainium-bert-staging: deploying version 1 failed: endpoint "
-                           "trainium-bert-staging exited with code 1 before serving: endpoint trainium-bert-staging: "
-                           f"cannot listen on 127.0.0.1:{taken_port}: Address already in use")
+    assert line == ("error: staging trainium-bert-staging: deploying version 1 failed: endpoint "
+                    f"trainium-bert-staging: cannot listen on 127.0.0.1:{taken_port}: Address already in use "
+                    "(choose another port)")
 
 
 def test_a_broken_artifact_is_one_line_naming_it(local_account, capsys, restore_environ):

@@ -288,6 +288,19 @@ def test_background_process_outlives_its_starter_and_is_replaced(models: dict, t
     assert "POST /endpoints/bg/invocations 200" in (tmp_path / "run" / "endpoint.log").read_text()
 
 
+def test_an_endpoint_never_joins_the_port_of_another_roots_endpoint(models: dict, tmp_path: Path, no_network):
+    """Detached endpoints share their port for blue/green: one of another local root must not be joined."""
+    theirs = tmp_path / "other-root" / "endpoint.json"
+    first = start_background(models["contract_tar"], "bg", port=0, state_file=theirs, version="1")
+    try:
+        with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{first['port']}: Address already in use"):
+            start_background(models["contract"], "bg", port=first["port"], state_file=tmp_path / "ours.json")
+        assert read_state(tmp_path / "ours.json") is None
+        assert all(json.loads(request(f"{first['url']}/ping")[2])["version"] == "1" for _ in range(20))
+    finally:
+        assert stop_background(theirs) is True
+
+
 def test_a_failing_background_start_reports_the_log(tmp_path: Path, no_network):
     with pytest.raises(RuntimeError, match="exited with code 1 before serving"):
         start_background(tmp_path / "missing.tar.gz", "broken", port=0, state_file=tmp_path / "endpoint.json")

@@ -136,6 +136,20 @@ class EndpointStartError(UserError, RuntimeError):
     one it was to replace still serves."""
 
 
+def _refuse_taken_port(name: str, host: str, port: int) -> None:
+    """EndpointStartError when something listens on host:port. Detached endpoints share their port (SO_REUSEPORT, for
+    blue/green), so one of another local root on the same port would silently take half of the connections: a new
+    endpoint joins a port only to replace this endpoint's own process on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections in TIME_WAIT do not hold it
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise EndpointStartError(f"endpoint {name}: cannot listen on {host}:{port}: {error.strerror or error} "
+                                     "(choose another port)") from None
+
+
 def _answers(url: str, version: str | None, attempts: int = 50) -> bool:
     """Whether GET /ping at `url` reaches the endpoint serving `version` (with SO_REUSEPORT the old one may answer
     some connections until it stops, so a few tries are made)."""
@@ -194,10 +208,11 @@ def start_background(
     """Serve from a detached process that outlives this one; returns its state once it answers.
 
     Blue/green: an endpoint already running for `state_file` keeps serving while the new process loads the model and
-    binds `port` (beside it, through SO_REUSEPORT, when it is the same port); once the new one answers, the old one
-    is stopped. If the new one fails (the port is held by another program, the model does not load), it is stopped,
-    the old one serves on, and EndpointStartError says so. The process logs to `log_file` (default: the state file with
-    suffix .log) and runs with `environment` (the model's container environment) added to this one's.
+    binds `port` (beside it, through SO_REUSEPORT, when it is the same port; any other holder of the port is refused
+    before anything starts); once the new one answers, the old one is stopped. If the new one fails (the port is
+    held by another program, the model does not load), it is stopped, the old one serves on, and EndpointStartError
+    says so. The process logs to `log_file` (default: the state file with suffix .log) and runs with `environment`
+    (the model's container environment) added to this one's.
     """
     state_file = Path(state_file).resolve()
     old = read_state(state_file)
@@ -210,8 +225,10 @@ def start_background(
         command += ["--model-version", str(version)]
     env = dict(os.environ, **serving_environment(environment))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    process = _launch(command, env, log_file)
     try:
+        if port and not (old and old.get("port") == port and old.get("host", host) == host):
+            _refuse_taken_port(name, host, port)
+        process = _launch(command, env, log_file)
         state = _wait_ready(process, state_file, name, log_file, timeout)
         if not _answers(state.get("url") or f"http://{host}:{state['port']}", version):
             _terminate(process.pid, name, 15.0)
