@@ -200,12 +200,10 @@ class Triggers(Section):
     @field_validator("new_data_marker")
     @classmethod
     def _marker(cls, v: str) -> str:
-        if not re.fullmatch(r"[_.][^/]{0,254}", v) or v in (".", ".."):
-            raise ValueError(
-                f"triggers.new_data_marker={v!r}: expected a file name (no /) starting with _ or . such as _SUCCESS, "
-                f"which the Tokenize step never reads as data"
-            )
-        return v
+        if re.fullmatch(r"[_.][^/]{0,254}", v) and v not in (".", ".."):
+            return v
+        raise ValueError(f"triggers.new_data_marker={v!r}: expected a file name (no /) starting with _ or . such as "
+                         "_SUCCESS, which the Tokenize step never reads as data")
 
     @model_validator(mode="after")
     def _role(self) -> Triggers:
