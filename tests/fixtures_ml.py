@@ -50,12 +50,13 @@ def load_step(name: str, module_name: str | None = None) -> ModuleType:
 
 def build_tokenizer(folder: Path, extra_texts: list[str] | None = None) -> Path:
     """Train a lowercase WordPiece tokenizer on a few sentences and save it as a fast HF tokenizer."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()  # as BERT's tokenizer.json: "##" pieces join their word when decoded
     tok.train_from_iterator(CORPUS + (extra_texts or []),
                             trainers.WordPieceTrainer(vocab_size=400, special_tokens=SPECIALS))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")

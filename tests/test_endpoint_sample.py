@@ -75,7 +75,27 @@ def test_the_served_model_answers_the_evaluations_predictions_on_the_sample(eval
 
 def test_no_tokenizer_no_sample(tmp_path, capsys):
     endpoint_sample = load_step("endpoint_sample")
-    assert endpoint_sample.decoder(tmp_path) is None
+    assert endpoint_sample.codec(tmp_path) is None
     assert endpoint_sample.write(tmp_path / "out", tmp_path, {"input_ids": None}, [1], [1]) is None
     assert "endpoint_sample.jsonl not written" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
+
+
+def test_rows_are_kept_only_when_their_text_encodes_back_to_their_tokens(evaluated, tmp_path, capsys):
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    model, _, _ = evaluated
+    endpoint_sample = load_step("endpoint_sample")
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    unknown = tokenizer("great zzqx sound", "love it", return_token_type_ids=True)  # zzqx: [UNK], kept as such
+    assert tokenizer.unk_token_id in unknown["input_ids"]
+    piece = next(i for t, i in tokenizer.get_vocab().items() if t.startswith("##"))
+    stray = [tokenizer.cls_token_id, piece, tokenizer.sep_token_id]  # a lone "##" piece: no text encodes to it
+    rows = pa.table({"input_ids": [unknown["input_ids"], stray],
+                     "token_type_ids": [unknown["token_type_ids"], [0, 0, 0]]})
+    path = endpoint_sample.write(tmp_path, model, rows, [1, 0], [1, 0])
+    (row,) = check.read_sample(path.read_text().splitlines())
+    assert row == {"text": "great [UNK] sound", "text_pair": "love it", "label": 1, "prediction": 1}
+    assert "1 of 2 sampled rows for the endpoint test (1 left out: their text does not encode back" in \
+        capsys.readouterr().out
