@@ -115,6 +115,8 @@ def _terminate(pid: int, name: str, timeout: float) -> bool:
             _signal(pid, kill=True)
             deadline = time.monotonic() + timeout
         time.sleep(0.05)
+    if (child := _DETACHED.pop(pid, None)) is not None:
+        child.wait(timeout)  # our own child: reaped, not left a zombie that still holds its pid
     LOG.info("endpoint %s: stopped pid %d", name, pid)
     return True
 
