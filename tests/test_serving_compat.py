@@ -95,6 +95,13 @@ def test_the_toolkit_serves_each_variant_with_the_train_steps_predictions(varian
     body = json.dumps({"inputs": ["great product, love it", "awful, broken after a day"]}).encode()
     (answer,) = service.handle([{"body": bytearray(body)}], context({"Content-Type": "application/json"}))
     assert json.loads(answer) == model(["great product, love it", "awful, broken after a day"])
+    pair = ("great product", "love it, works every day " * 40)  # a title and a content cut at max_length
+    body = json.dumps({"inputs": [{"text": pair[0], "text_pair": pair[1]}]}).encode()
+    (answer,) = service.handle([{"body": bytearray(body)}], context({"Content-Type": "application/json"}))
+    assert json.loads(answer) == model([pair]) and json.loads(answer)[0]["truncated"]
+    want = transformers.AutoTokenizer.from_pretrained(ARTIFACT)(*pair, truncation="only_second",
+                                                                 max_length=model.max_length)
+    assert model.encode([pair])[0][:2] == (want["input_ids"], want["token_type_ids"])  # as the Tokenize step encodes
     from mms.service import PredictionException
 
     for bad, error in ((b'{"inputs": []}', "EmptyInput"), (b'{"inputs": ["a"', "MalformedJSON")):

@@ -137,6 +137,10 @@ class EndpointStartError(UserError, RuntimeError):
     """An endpoint did not start: its port is taken, its model does not load, ... (one line, with the reason); the
     one it was to replace still serves."""
 
+    @classmethod
+    def cannot_listen(cls, name: str, host: str, port: int, error: OSError) -> EndpointStartError:
+        return cls(f"endpoint {name}: cannot listen on {host}:{port}: {error.strerror or error} (choose another port)")
+
 
 def _refuse_taken_port(name: str, host: str, port: int) -> None:
     """EndpointStartError when something listens on host:port. Detached endpoints share their port (SO_REUSEPORT, for
@@ -148,8 +152,7 @@ def _refuse_taken_port(name: str, host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise EndpointStartError(f"endpoint {name}: cannot listen on {host}:{port}: {error.strerror or error} "
-                                     "(choose another port)") from None
+            raise EndpointStartError.cannot_listen(name, host, port, error) from None
 
 
 def _answers(url: str, version: str | None, attempts: int = 50) -> bool:

@@ -255,8 +255,7 @@ class LocalEndpoint:
         try:
             return (_SharedPortServer if self.reuse_port else _Server)((self.host, port), _Handler)
         except OSError as error:
-            raise EndpointStartError(f"endpoint {name}: cannot listen on {self.host}:{port}: "
-                                     f"{error.strerror or error} (choose another port)") from error
+            raise EndpointStartError.cannot_listen(name, self.host, port, error) from error
 
     @property
     def port(self) -> int:
