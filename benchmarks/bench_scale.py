@@ -95,10 +95,10 @@ def measure_train(train, model_dir: Path, threads: int, steps: int, batch_size: 
     """train.py's forward + backward + clip + AdamW step on CPU, batch_size x length tokens."""
     import torch
     import torch.nn.functional as F
-    from transformers import AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    rt = train.Runtime(torch.device("cpu"), "cpu", 0, 1, distributed=False, bf16=False, compile=False)
+    model = train.load_model(model_dir, rt).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
     batch = {"input_ids": torch.randint(1000, 30000, (batch_size, length)),
              "token_type_ids": torch.zeros(batch_size, length, dtype=torch.long),
              "attention_mask": torch.ones(batch_size, length, dtype=torch.long),
@@ -106,7 +106,7 @@ def measure_train(train, model_dir: Path, threads: int, steps: int, batch_size: 
     times = []
     for _ in range(steps + 1):  # the first is warm-up
         start = time.perf_counter()
-        F.cross_entropy(train.forward(model, batch).float(), batch["labels"]).backward()
+        F.cross_entropy(train.forward(rt, model, batch).float(), batch["labels"]).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

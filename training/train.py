@@ -7,7 +7,10 @@ Launched by torchrun, as the SageMaker training toolkit does for ``torch_distrib
         --model-dir out/model --checkpoint-dir out/checkpoints
 
 Device: XLA (Trainium NeuronCores) when torch_xla imports, else CUDA, else CPU; process group xla, nccl or
-gloo. Data parallel: one process per device; DDP on CUDA/CPU, gradient all-reduce in the step on XLA.
+gloo. Data parallel: one process per device; DDP on CUDA/CPU (none for a single process), gradient all-reduce in
+the step on XLA. On CUDA/CPU the model runs PyTorch's fused attention (SDPA: flash attention for a batch without
+padding, known on the host) and a fused AdamW, and on CUDA it is compiled (`--compile auto`) with dynamic shapes,
+so dynamic padding costs one graph, not one per length.
 
 Batches. The training order is a pure function of (seed, epoch): the epoch's permutation is cut into
 mega-batches of 64 batches, each mega-batch is sorted by length and cut into batches (so a batch holds similar
@@ -26,6 +29,10 @@ S3 what is deleted here, so new names per step would pile up there. A start resu
 file matches its marker and skips the batches that step consumed, so an interrupted and resumed run ends with
 the same weights as an uninterrupted one (exactly, on CPU). After a SIGTERM checkpoint the script exits with 143.
 
+Timing. The first --log-interval steps are the warm-up (compilation, allocator and data-loader start); the
+stats report the steady-state rate of the later intervals and the seconds the warm-up took beyond that rate
+separately, plus the model FLOP rate counted from each row's real length (MODEL_FLOPS below).
+
 Scoring. At the end, every rank scores its share of the validation and test splits; the per-row margins
 (logit positive - logit negative) are summed across ranks, so rank 0 holds the whole split. The test split's
 predictions go into the model artifact (predictions/test.parquet, rows in the split's file order), from which
@@ -43,6 +50,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -112,6 +120,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-interval", type=int, default=50)
     p.add_argument("--checkpoint-interval", type=int, default=500, help="0 disables periodic checkpoints")
     p.add_argument("--bf16", default="auto", choices=["True", "False", "auto", "true", "false"])
+    p.add_argument("--compile", default="auto", choices=["True", "False", "auto", "true", "false"],
+                   help="torch.compile the model; auto: on CUDA")
     p.add_argument("--precompile", type=str2bool, default=False)
     p.add_argument("--num-workers", type=int, default=-1, help="DataLoader workers; -1: 0 on CPU, 2 elsewhere")
     p.add_argument("--train-dir", default=env("SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"))
@@ -278,6 +288,12 @@ class Runtime:
     world_size: int
     distributed: bool
     bf16: bool
+    compile: bool
+
+    @property
+    def sdpa(self) -> bool:
+        """PyTorch's fused attention (off XLA, where the library's default attention stays)."""
+        return not self.xla
 
     @property
     def master(self) -> bool:
@@ -334,6 +350,7 @@ def setup(args: argparse.Namespace) -> Runtime:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # the fp32 remainder
         if distributed:
             dist.init_process_group("nccl", device_id=device)
     else:
@@ -343,28 +360,63 @@ def setup(args: argparse.Namespace) -> Runtime:
         if distributed:
             dist.init_process_group("gloo")
     bf16 = args.bf16.lower() == "true" or (args.bf16.lower() == "auto" and device_type in ("xla", "cuda"))
+    compiled = args.compile.lower() == "true" or (args.compile.lower() == "auto" and device_type == "cuda")
+    if compiled and device_type == "xla":
+        raise ValueError("--compile True: XLA compiles every graph already (torch.compile is for CUDA and CPU)")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    return Runtime(device, device_type, rank, world, distributed, bf16)
+    return Runtime(device, device_type, rank, world, distributed, bf16, compiled)
 
 
 # -----------------------------------------------------------------------------
 # model helpers
 
 
-def attention_bias(attention_mask: torch.Tensor) -> torch.Tensor:
+def load_model(model_id: str, rt: Runtime) -> torch.nn.Module:
+    """The pretrained encoder with a fresh 2-label head; PyTorch's fused attention (SDPA) off XLA."""
+    attention = {"attn_implementation": "sdpa"} if rt.sdpa else {}
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_id, num_labels=2, id2label=ID2LABEL, label2id=LABEL2ID, **attention
+    )
+    model.config.problem_type = "single_label_classification"
+    return model
+
+
+def attention_bias(attention_mask: torch.Tensor, sdpa: bool) -> torch.Tensor:
     """A precomputed attention mask, so transformers skips its "is there any padding?" check (a host sync)."""
-    if TRANSFORMERS_MAJOR >= 5:  # a 4D additive mask is used as is
-        return (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
-    return attention_mask[:, None, :]  # 4.x: a 3D 0/1 mask goes through get_extended_attention_mask
+    if TRANSFORMERS_MAJOR < 5:  # 4.x: a 3D 0/1 mask goes through get_extended_attention_mask
+        return attention_mask[:, None, :]
+    if sdpa:  # a 4D mask is used as is: boolean (True: attend) for SDPA
+        return attention_mask[:, None, None, :].bool()
+    return (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min  # eager: additive
 
 
-def forward(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The logits of one batch."""
-    return model(
-        input_ids=batch["input_ids"],
-        token_type_ids=batch["token_type_ids"],
-        attention_mask=attention_bias(batch["attention_mask"]),
-    ).logits
+def forward(rt: Runtime, model: torch.nn.Module, batch: dict[str, torch.Tensor], padded: bool = True) -> torch.Tensor:
+    """The logits of one batch; `padded` False (a batch without padding, known on the host) passes no mask, which
+    lets SDPA take its flash-attention kernel."""
+    mask = attention_bias(batch["attention_mask"], rt.sdpa) if padded or not rt.sdpa else None
+    return model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=mask).logits
+
+
+@dataclass(frozen=True)
+class BatchTokens:
+    """What a batch holds, from the host's lengths: real tokens, padded tokens, and the sum of squared lengths
+    (the attention term of MODEL_FLOPS)."""
+
+    real: int
+    padded: int
+    squares: int
+
+    @classmethod
+    def of(cls, lengths: np.ndarray, pad_to: int) -> "BatchTokens":
+        return cls(int(lengths.sum()), len(lengths) * pad_to, int((lengths.astype(np.int64) ** 2).sum()))
+
+
+def model_flops(config, real_tokens: float, squares: float) -> float:
+    """MODEL_FLOPS: training FLOPs (forward + backward = 3x forward) of rows with these token counts, from the
+    encoder's matmuls: per layer and token 24h^2 + 12hi (projections and feed-forward; 72h^2 for bert-base, i=4h),
+    plus 12h per token per row length (attention scores and values). bert-base at length s: 72Lh^2s + 12Lhs^2."""
+    layers, h, i = config.num_hidden_layers, config.hidden_size, config.intermediate_size
+    return layers * ((24 * h * h + 12 * h * i) * real_tokens + 12 * h * squares)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
@@ -445,13 +497,15 @@ def load_latest_checkpoint(checkpoint_dir: Path) -> dict | None:
 
 
 def make_loader(rt: Runtime, split: TokenizedSplit, batches: list[np.ndarray], rows: int | None, workers: int):
-    """A loader of collated batches (on the device for XLA) and (real, padded) tokens per batch."""
+    """A loader of collated batches (on the device for XLA) and the tokens of each batch."""
     buckets = length_buckets(split.max_length) if rt.xla else None
-    pads = [pad_length(int(split.lengths[b].max()), buckets, 8 if rt.device_type == "cuda" else 1) for b in batches]
+    multiple = 16 if rt.device_type == "cuda" else 1  # bf16 tensor-core tiles and the attention kernels' alignment
+    pads = [pad_length(int(split.lengths[b].max()), buckets, multiple) for b in batches]
     loader = torch.utils.data.DataLoader(
-        BatchDataset(split, batches, pads, rows), batch_size=None, shuffle=False, num_workers=workers
+        BatchDataset(split, batches, pads, rows), batch_size=None, shuffle=False, num_workers=workers,
+        pin_memory=rt.device_type == "cuda",
     )
-    tokens = [(int(split.lengths[b].sum()), len(b) * p) for b, p in zip(batches, pads, strict=True)]
+    tokens = [BatchTokens.of(split.lengths[b], p) for b, p in zip(batches, pads, strict=True)]
     return (pl.MpDeviceLoader(loader, rt.device) if rt.xla else loader), tokens
 
 
@@ -466,7 +520,9 @@ def score(
     margins = []
     with torch.no_grad(), rt.autocast():
         for batch in loader:
-            logits = forward(model, {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}).float()
+            padded = has_padding(rt, batch)
+            batch = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
+            logits = forward(rt, model, batch, padded).float()
             margins.append(logits[:, 1] - logits[:, 0])  # stays on the device: no host sync per batch
     rt.mark_step()
     full = np.zeros(len(split), np.float32)
@@ -512,14 +568,20 @@ def load_split(folder: str, max_length: int) -> TokenizedSplit | None:
 # one optimizer step, shared by main's loop and the precompile mode (so that both trace the same graphs)
 
 
+def has_padding(rt: Runtime, batch: dict[str, torch.Tensor]) -> bool:
+    """Whether a batch has padding, read on the host (XLA batches are already on the device: always True)."""
+    return rt.xla or not bool(batch["attention_mask"].all())
+
+
 def micro_step(rt: Runtime, model: torch.nn.Module, batch: dict[str, torch.Tensor], grad_accum: int,
                sync: bool) -> torch.Tensor:
     """Forward and backward of one micro-batch, its gradients scaled for accumulation (`sync`: DDP all-reduces
     them now); its loss, left on the device."""
+    padded = has_padding(rt, batch)
     batch = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
     with nullcontext() if sync else model.no_sync():
         with rt.autocast():
-            loss = F.cross_entropy(forward(model, batch).float(), batch["labels"])
+            loss = F.cross_entropy(forward(rt, model, batch, padded).float(), batch["labels"])
         (loss / grad_accum).backward()
     return loss.detach()
 
@@ -580,6 +642,57 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
     }
 
 
+class Throughput:
+    """Samples, model FLOPs and seconds of each log interval, all ranks together (this rank's rows x world size).
+    The first interval is the warm-up; the steady-state rate is that of the later ones."""
+
+    def __init__(self, config, world_size: int):
+        self.config, self.world_size = config, world_size
+        self.intervals: list[tuple[int, float, float]] = []  # (samples, FLOPs, seconds)
+        self.samples = self.flops = 0
+        self.start = self.interval_start = time.time()
+        self.interval_samples, self.interval_flops = 0, 0.0
+
+    def add(self, rows: int, tokens: BatchTokens) -> None:
+        self.interval_samples += rows * self.world_size
+        self.interval_flops += model_flops(self.config, tokens.real, tokens.squares) * self.world_size
+
+    def interval(self) -> float:
+        """Close the current interval (at a read-out, after the host sync); its samples/s."""
+        now = time.time()
+        seconds, samples = now - self.interval_start, self.interval_samples
+        if samples:
+            self.intervals.append((samples, self.interval_flops, seconds))
+            self.samples += samples
+            self.flops += self.interval_flops
+        self.interval_start, self.interval_samples, self.interval_flops = now, 0, 0.0
+        return samples / seconds if seconds > 0 else 0.0
+
+    def steady(self) -> list[tuple[int, float, float]]:
+        return self.intervals[1:] or self.intervals
+
+    def steady_rate(self) -> float:
+        samples, seconds = sum(i[0] for i in self.steady()), sum(i[2] for i in self.steady())
+        return samples / seconds if seconds > 0 else 0.0
+
+    def stats(self) -> dict:
+        """samples_per_sec: steady state; warmup_s: what the first interval took beyond the steady rate (compiling,
+        warming up); wall_time_s and samples_per_sec_with_warmup: the whole loop, as billed."""
+        wall = time.time() - self.start
+        rate = self.steady_rate()
+        flops, seconds = sum(i[1] for i in self.steady()), sum(i[2] for i in self.steady())
+        first = self.intervals[0] if len(self.intervals) > 1 else None
+        return {
+            "samples": self.samples,
+            "wall_time_s": round(wall, 3),
+            "samples_per_sec": rate or None,
+            "samples_per_sec_with_warmup": self.samples / wall if wall > 0 else None,
+            "warmup_s": round(max(0.0, first[2] - first[0] / rate), 3) if first and rate else None,
+            "steady_state_samples": sum(i[0] for i in self.steady()) if first else 0,
+            "model_tflops_per_sec": flops / seconds / 1e12 if seconds > 0 else None,
+        }
+
+
 def write_stats(rt: Runtime, output_data_dir: str, stats: dict) -> None:
     if rt.master:
         Path(output_data_dir).mkdir(parents=True, exist_ok=True)
@@ -614,17 +727,14 @@ def main(argv: list[str] | None = None) -> None:
     warmup_steps = int(args.warmup_ratio * total_steps)
 
     # model, optimizer, schedule
-    model = AutoModelForSequenceClassification.from_pretrained(
-        args.model_id, num_labels=2, id2label=ID2LABEL, label2id=LABEL2ID
-    )
-    model.config.problem_type = "single_label_classification"
+    model = load_model(args.model_id, rt)
     model.to(rt.device)
     raw_model = model
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.learning_rate,
+        lr=args.learning_rate, **({} if rt.xla else {"fused": True}),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
     if args.precompile:
@@ -648,11 +758,13 @@ def main(argv: list[str] | None = None) -> None:
         step = resumed_from = state["step"]
         rt.log(f"resumed from checkpoint at step={step}")
         del state
-    ddp = not rt.xla and rt.distributed
+    ddp = not rt.xla and rt.world_size > 1
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None
         )
+    if rt.compile:
+        model = torch.compile(model, dynamic=True)
 
     def checkpoint() -> None:
         rt.mark_step()
@@ -671,24 +783,24 @@ def main(argv: list[str] | None = None) -> None:
     rt.log(f"steps_per_epoch={steps_per_epoch} total_steps={total_steps} warmup_steps={warmup_steps}")
     model.train()
     loss_sum = torch.zeros(()).to(rt.device)
-    interval_steps, interval_start = 0, time.time()
-    samples = real_tokens = padded_tokens = 0
+    interval_steps = 0
+    real_tokens = padded_tokens = 0
     last_loss, stopping = None, False
     compiles_per_epoch = []
-    train_start = time.time()
+    throughput = Throughput(raw_model.config, rt.world_size)
     while step < total_steps:
         epoch = step // steps_per_epoch
         batches = train_batches(train.lengths, args.batch_size, args.seed, epoch, rt.rank, rt.world_size)
         batches = batches[(step % steps_per_epoch) * args.grad_accum : steps_per_epoch * args.grad_accum]
         loader, tokens = make_loader(rt, train, batches, args.batch_size, workers)
-        for micro, ((real, padded), batch) in enumerate(zip(tokens, loader, strict=True)):
+        for micro, (batch_tokens, batch) in enumerate(zip(tokens, loader, strict=True)):
             if micro % args.grad_accum == 0:
                 rt.reseed((args.seed * 1_000_003 + step * rt.world_size + rt.rank) % 2**31)
             last_micro = (micro + 1) % args.grad_accum == 0
             loss_sum += micro_step(rt, model, batch, args.grad_accum, sync=last_micro or not ddp)
-            samples += len(batch["labels"]) * rt.world_size
-            real_tokens += real
-            padded_tokens += padded
+            throughput.add(len(batch["labels"]), batch_tokens)
+            real_tokens += batch_tokens.real
+            padded_tokens += batch_tokens.padded
             if not last_micro:
                 continue
             optimizer_step(rt, model, optimizer, scheduler, args.max_grad_norm)
@@ -699,14 +811,12 @@ def main(argv: list[str] | None = None) -> None:
                 # the stop flag is agreed by all ranks, unlike the local one the signal handler sets
                 loss_total, stopping = read_out(rt, loss_sum, stop["requested"])
                 last_loss = loss_total / (interval_steps * args.grad_accum * rt.world_size)
-                seen = interval_steps * args.grad_accum * args.batch_size * rt.world_size
-                sps = seen / (time.time() - interval_start)
                 rt.log(
-                    f"step={step} epoch={epoch} loss={last_loss:.4f} samples_per_sec={sps:.1f} "
+                    f"step={step} epoch={epoch} loss={last_loss:.4f} samples_per_sec={throughput.interval():.1f} "
                     f"lr={scheduler.get_last_lr()[0]:.1e}"
                 )
                 loss_sum = torch.zeros(()).to(rt.device)
-                interval_steps, interval_start = 0, time.time()
+                interval_steps = 0
             if stopping or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0):
                 checkpoint()
             if stopping:
@@ -716,7 +826,7 @@ def main(argv: list[str] | None = None) -> None:
                 break
         if rt.xla:
             compiles_per_epoch.append(met.metric_data("CompileTime")[0])
-    train_time = time.time() - train_start
+    throughput.interval()  # steps after the last read-out (a stop at the step limit reads out, so none)
 
     # scoring: validation and test, every rank its share
     rows = args.batch_size if rt.xla else None
@@ -740,16 +850,17 @@ def main(argv: list[str] | None = None) -> None:
         "steps": step - resumed_from,
         "global_step": step,
         "resumed_from_step": resumed_from or None,
-        "samples": samples,
-        "wall_time_s": round(train_time, 3),
-        "samples_per_sec": samples / train_time if train_time else None,
-        "tokens_per_sec": real_tokens / train_time if train_time else None,
+        **throughput.stats(),
+        "tokens_per_sec": throughput.steady_rate() * real_tokens / throughput.samples if throughput.samples else None,
         "padding_efficiency": real_tokens / padded_tokens if padded_tokens else None,
+        "peak_device_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if rt.device_type == "cuda" else None,
+        "peak_host_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "train_loss": last_loss,
         "val_accuracy": accuracy["val"],
         "test_accuracy": accuracy["test"],
         "test_rows": len(test) if test is not None else None,
         "compile_count": met.metric_data("CompileTime")[0] if rt.xla else None,
+        "compile_s": met.metric_data("CompileTime")[1] / 1e9 if rt.xla else None,
         "compile_count_per_epoch": compiles_per_epoch if rt.xla else None,
         "length_buckets": buckets,
     })
