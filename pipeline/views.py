@@ -237,7 +237,12 @@ def throughput_lines(report: ExecutionCost) -> list[str]:
     stats = report.training
     if stats is None:
         return ["training throughput: no training job ran in this execution (or its step was a cache hit)"]
-    rate = "unknown" if stats.samples_per_sec is None else f"{stats.samples_per_sec:,.1f} samples/s"
+    rate = "unknown" if stats.samples_per_sec is None else f"{stats.samples_per_sec:,.1f} samples/s steady state"
+    if stats.samples_per_sec_with_warmup is not None:
+        rate += f" ({stats.samples_per_sec_with_warmup:,.1f} with the warm-up)"
+    if stats.warmup_s is not None:
+        rate += f"; warm-up {stats.warmup_s:,.1f} s" + ("" if stats.compile_s is None else
+                                                           f" (compiling {stats.compile_s:,.1f} s)")
     samples = "unknown" if stats.samples is None else f"{stats.samples:,.0f}"
     per_m = report.cost_per_million_samples
     return [
@@ -288,7 +293,10 @@ def _compare_cells(result: Report) -> list[tuple[str, list[str]]]:
         ("wall time", "wall_seconds", lambda r: duration(r.wall_seconds)),
         ("billable time", "billable_seconds",
          lambda r: duration(r.job.seconds) + (f" (spot -{r.job.savings:.0%})" if r.job.savings is not None else "")),
-        ("samples/s", "samples_per_sec", lambda r: number(r.stats.samples_per_sec, ",.1f")),
+        ("samples/s (steady state)", "samples_per_sec", lambda r: number(r.stats.samples_per_sec, ",.1f")),
+        ("samples/s with warm-up", None, lambda r: number(r.stats.samples_per_sec_with_warmup, ",.1f")),
+        ("warm-up / compile s", None, lambda r: number(r.stats.warmup_s, ",.1f") + (
+            "" if r.stats.compile_s is None else f" / {r.stats.compile_s:,.1f}")),
         ("final loss", None, lambda r: number(r.stats.final_loss, ".4f")),
         ("test accuracy", None, lambda r: number(r.stats.test_accuracy, ".4f")),
         ("val accuracy", None, lambda r: number(r.stats.val_accuracy, ".4f")),

@@ -14,6 +14,7 @@ import pytest
 import pipeline
 from pipeline import contract
 from pipeline.config import Training
+from pipeline.devices import DEVICE_BATCH_SIZE, REFERENCE_LEARNING_RATE
 
 ROOT = Path(__file__).resolve().parents[1]
 COPIES = [  # (script, its constant, the contract's value)
@@ -67,6 +68,8 @@ def test_train_argparse_defaults_equal_the_config_defaults():
     spec.loader.exec_module(train)
     parsed = vars(train.parse_args([]))
     fields = {name: f.default for name, f in Training.model_fields.items()}
+    # `auto` fields: what they stand for on a NeuronCore at the reference global batch (train.py's defaults)
+    fields.update(batch_size=DEVICE_BATCH_SIZE["neuron"], learning_rate=REFERENCE_LEARNING_RATE)
     shared = sorted(set(parsed) & set(fields))
     assert len(shared) >= 12, shared
     for name in shared:

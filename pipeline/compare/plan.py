@@ -20,32 +20,9 @@ from pipeline.dag.graph import only_step, step_references
 from pipeline.dag.parameters import resolve
 from pipeline.dag.requests import RequestError, validate
 from pipeline.dag.requests import resolve as resolve_request
+from pipeline.devices import DEVICES
 from pipeline.errors import UserError
 
-# Processes torchrun starts per instance: NeuronCores on Trainium, GPUs on p*/g* (as the DLC toolkit counts them).
-DEVICES: dict[str, int] = {
-    "ml.trn1.2xlarge": 2,
-    "ml.trn1.32xlarge": 32,
-    "ml.trn1n.32xlarge": 32,
-    "ml.trn2.48xlarge": 64,
-    "ml.p3.2xlarge": 1,
-    "ml.p3.8xlarge": 4,
-    "ml.p3.16xlarge": 8,
-    "ml.p3dn.24xlarge": 8,
-    "ml.p4d.24xlarge": 8,
-    "ml.p4de.24xlarge": 8,
-    "ml.p5.48xlarge": 8,
-    "ml.p5e.48xlarge": 8,
-    "ml.p5en.48xlarge": 8,
-    **{f"ml.g5.{size}": 1 for size in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
-    "ml.g5.12xlarge": 4,
-    "ml.g5.24xlarge": 4,
-    "ml.g5.48xlarge": 8,
-    **{f"ml.g6.{size}": 1 for size in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
-    "ml.g6.12xlarge": 4,
-    "ml.g6.24xlarge": 4,
-    "ml.g6.48xlarge": 8,
-}
 COMPARE_TAG = "trainium-pipeline:compare"
 DEFAULT_MAX_STEPS = 1000
 DEFAULT_MAX_DEVICE_BATCH = 64

