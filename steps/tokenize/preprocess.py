@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from readers import DROP_REASONS, Drops, StepError, limit_rows, source_chunks, validate
+from steps.tokenize.readers import DROP_REASONS, Drops, StepError, limit_rows, source_chunks, validate
 
 log = logging.getLogger("preprocess")
 

@@ -57,12 +57,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import endpoint_sample
+from steps.evaluation import endpoint_sample
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import quality
-import serving
+from steps.evaluation import quality
+from steps.evaluation import serving
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "accuracy"
 COLUMNS = ("input_ids", "token_type_ids", "label")

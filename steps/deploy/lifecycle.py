@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-import endpoint_check
+from steps.deploy import endpoint_check
 
 STAGING, PRODUCTION = "staging", "production"
 STAGES = (STAGING, PRODUCTION)

@@ -22,9 +22,9 @@ import json
 import os
 from typing import Any
 
-import lifecycle
-import sagemaker_account
-import sagemaker_endpoints
+from steps.deploy import lifecycle
+from steps.deploy import sagemaker_account
+from steps.deploy import sagemaker_endpoints
 
 APPROVED = "Approved"
 MODEL_PACKAGE_EVENT = "SageMaker Model Package State Change"

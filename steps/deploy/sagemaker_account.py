@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import endpoint_check
-import lifecycle
-import sagemaker_endpoints as endpoints
+from steps.deploy import endpoint_check
+from steps.deploy import lifecycle
+from steps.deploy import sagemaker_endpoints as endpoints
 
 SUBJECT_LIMIT = 99  # SNS: a subject is under 100 ASCII characters, one line
 

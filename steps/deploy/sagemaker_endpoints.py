@@ -13,7 +13,7 @@ import os
 import re
 from typing import Any
 
-import lifecycle
+from steps.deploy import lifecycle
 
 APPROVED = "Approved"
 MAX_NAME = 63
