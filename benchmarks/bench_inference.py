@@ -8,8 +8,8 @@ to them in the same process):
 - onnxruntime-fp32, onnxruntime-int8: the standard export (torch.onnx.export, opset 17) on ONNX Runtime with its
   default session options and the same threads; int8 by onnxruntime.quantization.quantize_dynamic (QInt8);
 - endpoint-torch-fp32 (the default), endpoint-torch-int8, endpoint-onnxruntime-fp32, endpoint-onnxruntime-int8:
-  training/inference.py with INFERENCE_RUNTIME / INFERENCE_QUANTIZE, the graphs built by steps/serving.py exactly
-  as the Evaluate step builds them.
+  training/inference.py with INFERENCE_RUNTIME / INFERENCE_QUANTIZE, the graphs built by
+  steps/evaluation/serving.py exactly as the Evaluate step builds them.
 Every handler gets JSON request bodies and answers JSON. Each process first imports torch and transformers, as the
 inference container's toolkit does before it calls model_fn.
 

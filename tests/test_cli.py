@@ -54,7 +54,8 @@ def test_upsert_creates_then_updates_and_uploads_code_once(aws, capsys):
     assert "pipeline trainium-bert created" in out
     keys = code_keys(aws["s3"])
     assert any(k.endswith("/training/sourcedir.tar.gz") for k in keys)
-    assert any(k.endswith("/steps/run.py") for k in keys)
+    assert all(any(k.endswith(f"/{step}/steps/run.py") for k in keys) for step in ("tokenize", "evaluation"))
+    assert not any("/deploy/" in k for k in keys)  # the Lambda's bundle goes up as its zip
     uploaded = int(out.split("code: ")[1].split(" ")[0])
     assert uploaded == len(keys)
     deployed = json.loads(aws["sagemaker"].describe_pipeline(PipelineName="trainium-bert")["PipelineDefinition"])

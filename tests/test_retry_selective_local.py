@@ -66,7 +66,7 @@ def local(sets: list[str], command: str, *args: str, changed: tuple[str, ...] = 
 
 
 def evaluate_code(account: LocalBackend) -> Path:
-    return account.s3.path(bundles()["steps"].s3_prefix(account.cfg.s3_root) + "evaluate.py")
+    return account.s3.path(bundles()["evaluation"].s3_prefix(account.cfg.s3_root) + "steps/evaluation/evaluate.py")
 
 
 def report(account: LocalBackend, execution: Execution) -> dict:

@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from pipeline.config import S3_URI, Config
-from pipeline.contract import SPLITS
 from pipeline.dag.expressions import Context, ExpressionError
 from pipeline.dag.graph import only_step, step_references
 from pipeline.dag.parameters import resolve
 from pipeline.dag.requests import RequestError, validate
 from pipeline.dag.requests import resolve as resolve_request
 from pipeline.errors import UserError
+from steps.contract import SPLITS
 
 # Processes torchrun starts per instance: NeuronCores on Trainium, GPUs on p*/g* (as the DLC toolkit counts them).
 DEVICES: dict[str, int] = {

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+
 from steps.tokenize import reviews
 from steps.tokenize.csv_records import BOM, READ_BYTES, RecordBlocks
 
