@@ -219,7 +219,8 @@ def build_graphs(model_dir: Path, peer_dir: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    serving = import_file(ROOT / "steps" / "serving.py", "serving")
+    from steps.evaluation import serving
+
     serving.build(model_dir)
     peer_dir.mkdir()
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
@@ -232,7 +233,8 @@ def build_graphs(model_dir: Path, peer_dir: Path) -> None:
 
 
 def reviews(count: int) -> list[tuple[str, int]]:
-    generator = import_file(ROOT / "steps" / "reviews.py", "reviews_bench")
+    from steps.tokenize import reviews as generator
+
     rng = random.Random("bench-inference")
     pairs = [generator.synthetic_review(rng, i % 2) for i in range(count)]
     return [(f"{title}. {content}" if title else content, i % 2) for i, (title, content) in enumerate(pairs)]

