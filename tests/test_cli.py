@@ -270,7 +270,7 @@ def test_upsert_creates_then_updates_the_deploy_lambda(aws, capsys):
     assert "deploy Lambda trainium-bert-deploy: created" in out
     lambdas = boto3.client("lambda", region_name="us-east-1")
     function = lambdas.get_function(FunctionName="trainium-bert-deploy")["Configuration"]
-    assert function["Handler"] == "deploy.lambda_handler" and function["Role"] == role
+    assert function["Handler"] == "steps.deploy.handler.lambda_handler" and function["Role"] == role
     assert function["Environment"]["Variables"]["ENDPOINT_NAME"] == "trainium-bert"
     code, out, err = cli(capsys, *sets, "upsert")
     assert code == 0 and "deploy Lambda trainium-bert-deploy: unchanged" in out

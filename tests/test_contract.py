@@ -1,5 +1,5 @@
 """The contract: steps/ imports steps/contract.py; training/ (its own bundle) keeps copies of the values it needs, and
-each copy must equal the contract. And the code's shape: module sizes and no import cycle in pipeline/."""
+each copy must equal the contract. And the code's shape: a thin CLI, no import cycle in pipeline/."""
 
 from __future__ import annotations
 
@@ -72,15 +72,9 @@ def modules() -> list[str]:
     return [m.name for m in pkgutil.walk_packages(pipeline.__path__, "pipeline.")]
 
 
-def test_modules_stay_small():
-    sizes = {
-        path.relative_to(ROOT).as_posix(): len(path.read_text().splitlines())
-        for folder in ("pipeline", "steps", "training")
-        for path in (ROOT / folder).rglob("*.py")
-    }
-    too_big = {path: n for path, n in sizes.items() if n > 400 and path != "training/train.py"}
-    assert not too_big, f"modules over 400 lines: {too_big}"
-    assert sizes["pipeline/cli.py"] < 250
+def test_the_cli_stays_thin():
+    """The CLI module holds options and calls only (modules elsewhere are split at their seams, not at a count)."""
+    assert len((ROOT / "pipeline" / "cli.py").read_text().splitlines()) < 250
 
 
 def test_pipeline_has_no_import_cycle():

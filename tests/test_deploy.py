@@ -205,12 +205,13 @@ def test_the_lambda_zip_carries_every_module_the_handler_imports_and_nothing_but
         needed.add(name)
         for node in ast.walk(ast.parse((tmp_path / (name.replace(".", "/") + ".py")).read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                [node.module, *(f"{node.module}.{a.name}" for a in node.names)]  # a module, or a name in one
                 if isinstance(node, ast.ImportFrom) else [])
             for imported in names:
-                if (tmp_path / (imported.replace(".", "/") + ".py")).is_file():
+                path = tmp_path / imported.replace(".", "/")
+                if path.with_suffix(".py").is_file():
                     todo += [] if imported in needed else [imported]
-                elif not (tmp_path / imported.replace(".", "/")).is_dir():
+                elif not path.is_dir() and not path.parent.with_suffix(".py").is_file():
                     outside.add(imported.split(".")[0])
     assert {"steps.deploy.lifecycle", "steps.deploy.sagemaker_account", "steps.contract"} <= needed
     assert outside <= set(sys.stdlib_module_names) | {"boto3", "botocore"}, outside
@@ -323,3 +324,35 @@ def test_a_package_that_does_not_exist_is_a_deploy_error(sm):
     with pytest.raises(deploy_step.DeployError, match=f"model package {arn}"):
         deploy_step.deploy(sm, arn, ENDPOINT)  # whatever moto answers for it
     assert counts(sm) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("sets", [
+    [],
+    ["deploy.auto_promote=true", "deploy.test.rows=37", "deploy.test.max_accuracy_drop=0.125",
+     "deploy.test.p95_ms=750.5", "deploy.data_capture_s3_uri=s3://bucket/capture", "deploy.guardrails_alarm=alarm",
+     "alerts.topic_arn=arn:aws:sns:us-east-1:123456789012:alerts", "deploy.autoscaling.target_invocations=12.5"],
+])
+def test_the_lambda_reads_back_from_its_environment_the_settings_the_cli_hands_over_directly(sets):
+    """The CLI passes the config's settings to the lifecycle as they are; the Lambda gets them through its
+    environment: both must hold the same settings."""
+    from pipeline.deploy_settings import settings
+    from steps.deploy.sagemaker_account import Settings
+
+    cfg = load_config(ROOT / "pipeline.yaml", sets, environ={})
+    direct = settings(cfg)
+    assert Settings.from_env(lambda_environment(cfg)) == direct
+    assert direct.policy.test_rows == cfg.deploy.test.rows
+    assert direct.scaling[2] == cfg.deploy.autoscaling.target_invocations
+
+
+def test_the_lifecycle_defaults_have_one_home_that_the_config_and_the_lambda_read():
+    """deploy.test and deploy.auto_promote default to the lifecycle's Policy: the config (pipeline.yaml sets none of
+    them) and the Lambda's environment without them give the same policy."""
+    from pipeline.deploy_settings import policy
+    from steps.deploy.lifecycle import Policy
+    from steps.deploy.sagemaker_account import Settings
+
+    cfg = load_config(ROOT / "pipeline.yaml", environ={})
+    assert policy(cfg) == Policy()
+    bare = {"MODEL_PACKAGE_GROUP": "g", "ENDPOINT_NAME": "e"}
+    assert Settings.from_env(bare).policy == Policy()
