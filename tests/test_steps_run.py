@@ -55,17 +55,22 @@ def test_pins_hold_every_version_exactly_and_changes_name_what_moved():
         "gone 1 -> removed", "hub 0.30.0 -> 2.4.0"]
 
 
-def test_only_step_packages_can_be_run_and_run_py_needs_no_installed_project(tmp_path):
+def test_only_step_packages_can_be_run_and_run_py_puts_the_package_root_on_the_path(tmp_path):
     """Started as a file (the container's entry point, where the project is not installed), run.py puts the package's
-    root on sys.path, not its own folder (where `tokenize` would shadow the standard library's)."""
+    root on sys.path, not its own folder (where `tokenize` would shadow the standard library's module)."""
+    import shutil
+
     assert "deploy" not in run.steps()  # the Lambda: no __main__
-    code = (f"import runpy, sys; sys.argv = [{str(run.HERE / 'run.py')!r}, 'deploy']; "
-            f"sys.path[0] = {str(run.HERE)!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 1 and "STEP one of: evaluation, tokenize" in proc.stderr, proc.stderr
-    proc = subprocess.run([sys.executable, "-I", str(run.HERE / "run.py"), "tokenize", "--help"], capture_output=True,
-                          text=True, cwd=tmp_path)
-    assert proc.returncode == 0 and "--source" in proc.stdout, proc.stderr
+    shutil.copytree(run.HERE, tmp_path / "code" / "steps", ignore=shutil.ignore_patterns("__pycache__"))
+    script = tmp_path / "code" / "steps" / "run.py"
+    code = (f"import runpy, sys\nsys.argv, sys.path[0] = [{str(script)!r}, 'deploy'], {str(script.parent)!r}\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n    print(e)\n"
+            "import steps.contract, tokenize\nprint(steps.contract.__file__)\nprint(tokenize.__file__)\n")
+    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                           check=True).stdout.splitlines()
+    assert lines[0] == "usage: run.py STEP [ARGS...], STEP one of: evaluation, tokenize"
+    assert lines[1] == str(tmp_path / "code" / "steps" / "contract.py")  # the shipped copy, as in the container
+    assert "steps" not in Path(lines[2]).parts  # the standard library's tokenize
 
 
 def wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = (), body: str = "") -> None:
