@@ -415,3 +415,18 @@ def test_debug_shows_the_traceback_of_an_expected_error_too(local_account):
     assert done.returncode == 1
     assert "Traceback (most recent call last)" in done.stderr
     assert done.stderr.strip().endswith("ExecutionNotFound: no local execution x")
+
+
+def test_help_lists_the_commands_by_what_they_act_on():
+    import typer
+
+    from pipeline.cli import app
+
+    panels = {name: command.rich_help_panel for name, command in typer.main.get_command(app).commands.items()}
+    assert panels == {
+        **dict.fromkeys(("run", "start", "retry", "status", "executions", "cost"), "Executions"),
+        "models": "Models",
+        **dict.fromkeys(("deploy", "promote", "endpoints", "serve"), "Endpoints"),
+        "triggers": "Triggers",
+        **dict.fromkeys(("bootstrap", "upsert", "definition", "compare"), "Account"),
+    }
