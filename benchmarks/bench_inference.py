@@ -8,8 +8,8 @@ to them in the same process):
 - onnxruntime-fp32, onnxruntime-int8: the standard export (torch.onnx.export, opset 17) on ONNX Runtime with its
   default session options and the same threads; int8 by onnxruntime.quantization.quantize_dynamic (QInt8);
 - endpoint-torch-fp32 (the default), endpoint-torch-int8, endpoint-onnxruntime-fp32, endpoint-onnxruntime-int8:
-  training/inference.py with INFERENCE_RUNTIME / INFERENCE_QUANTIZE, the graphs built by steps/serving.py exactly
-  as the Evaluate step builds them.
+  training/inference.py with INFERENCE_RUNTIME / INFERENCE_QUANTIZE, the graphs built by
+  steps/evaluation/serving.py exactly as the Evaluate step builds them.
 Every handler gets JSON request bodies and answers JSON. Each process first imports torch and transformers, as the
 inference container's toolkit does before it calls model_fn.
 
@@ -219,7 +219,8 @@ def build_graphs(model_dir: Path, peer_dir: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    serving = import_file(ROOT / "steps" / "serving.py", "serving")
+    from steps.evaluation import serving
+
     serving.build(model_dir)
     peer_dir.mkdir()
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
@@ -232,7 +233,8 @@ def build_graphs(model_dir: Path, peer_dir: Path) -> None:
 
 
 def reviews(count: int) -> list[tuple[str, int]]:
-    generator = import_file(ROOT / "steps" / "reviews.py", "reviews_bench")
+    from steps.tokenize import reviews as generator
+
     rng = random.Random("bench-inference")
     pairs = [generator.synthetic_review(rng, i % 2) for i in range(count)]
     return [(f"{title}. {content}" if title else content, i % 2) for i, (title, content) in enumerate(pairs)]

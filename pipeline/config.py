@@ -13,10 +13,10 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 from pipeline.config_base import INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
 from pipeline.config_deploy import Alerts, Deploy
 from pipeline.config_training import Training
-from pipeline.contract import APPROVAL_STATUSES, PENDING
 from pipeline.errors import ConfigError
 from pipeline.overrides import flatten, merge, parse_override, read_mapping, set_path
 from pipeline.prices import DEFAULT_PRICES
+from steps.contract import APPROVAL_STATUSES, PENDING
 
 # Account-specific values that may come from the environment instead of the file.
 ENV_OVERRIDES = {
@@ -281,7 +281,7 @@ class Config(Section):
 def _describe(error: dict[str, Any]) -> str:
     key = ".".join(str(p) for p in error["loc"])
     if error["type"] == "extra_forbidden":
-        return f"{key}: unknown key (value {error['input']!r}); check the spelling against the README"
+        return f"{key}: unknown key (value {error['input']!r}); check the spelling against pipeline.yaml"
     if error["type"] == "missing":
         return f"{key}: missing; expected a value"
     expected = error["msg"]

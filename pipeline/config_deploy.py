@@ -6,6 +6,10 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from pipeline.config_base import ENDPOINT_NAME, INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
+from steps.deploy.lifecycle import Policy
+from steps.deploy.sagemaker_account import TARGET_INVOCATIONS
+
+POLICY = Policy()  # the lifecycle's defaults (the deploy Lambda falls back to them too): their one home
 
 
 class Staging(Section):
@@ -19,9 +23,9 @@ class Staging(Section):
 class EndpointTest(Section):
     """The endpoint test on staging: labelled test rows through the real invoke path."""
 
-    rows: int = Field(default=200, ge=1, le=4000)
-    max_accuracy_drop: float = Field(default=0.02, ge=0, le=1)  # below the evaluation's accuracy on the same rows
-    p95_ms: float = Field(default=500.0, gt=0)  # latency budget of one request
+    rows: int = Field(default=POLICY.test_rows, ge=1, le=4000)
+    max_accuracy_drop: float = Field(default=POLICY.max_accuracy_drop, ge=0, le=1)  # below the evaluation's accuracy
+    p95_ms: float = Field(default=POLICY.p95_ms, gt=0)  # latency budget of one request
 
 
 class Autoscaling(Section):
@@ -29,7 +33,7 @@ class Autoscaling(Section):
 
     min_instances: int = Field(default=1, ge=1)
     max_instances: int = Field(default=2, ge=1)
-    target_invocations: float = Field(default=100.0, gt=0)
+    target_invocations: float = Field(default=TARGET_INVOCATIONS, gt=0)
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
@@ -51,7 +55,7 @@ class Deploy(Section):
     max_texts: int = Field(default=256, ge=1, le=10000)
     staging: Staging = Staging()
     test: EndpointTest = EndpointTest()
-    auto_promote: bool = False
+    auto_promote: bool = POLICY.auto_promote
     autoscaling: Autoscaling = Autoscaling()
 
     @property

@@ -12,8 +12,8 @@ import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline.contract import STATS_FILE, STATS_METRICS
 from pipeline.prices import JobCost, per_million
+from steps.contract import STATS_FILE, STATS_METRICS
 
 NOT_INCLUDED = (
     "not included: the endpoint (billed per instance-hour while InService), storage volumes, S3, data transfer"

@@ -13,10 +13,10 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pipeline import contract
 from pipeline.code import bundles
 from pipeline.config import Config
 from pipeline.sdk import MODEL_INPUT, StepParts, offline_sdk
+from steps import contract
 
 if TYPE_CHECKING:
     from sagemaker.core.workflow.properties import PropertyFile
@@ -46,7 +46,7 @@ class Steps(StepParts):
         from sagemaker.mlops.workflow.steps import ProcessingStep
 
         cfg, parameters = self.cfg, self.parameters
-        inputs = self.code_inputs()
+        inputs = self.code_inputs("tokenize")
         if cfg.data.is_s3:
             inputs.append(self.s3_input("data", parameters.input_data, contract.DATA_DIR))
         if self.staged_model:
@@ -54,7 +54,7 @@ class Steps(StepParts):
         rows = cfg.data.max_rows_per_split
         return ProcessingStep(
             name=contract.TOKENIZE,
-            step_args=self.processor("preprocess", cfg.tokenize, cfg.image("processing")).run(
+            step_args=self.processor("tokenize", cfg.tokenize, cfg.image("processing")).run(
                 inputs=inputs,
                 outputs=[self.s3_output(name, f"{contract.OUTPUT_DIR}/{name}") for name in contract.TOKENIZE_OUTPUTS],
                 arguments=arguments({
@@ -153,9 +153,9 @@ class Steps(StepParts):
         evaluation = self.cfg.evaluation
         return ProcessingStep(
             name=contract.EVALUATE,
-            step_args=self.processor("evaluate", evaluation, self.cfg.image("evaluation")).run(
+            step_args=self.processor("evaluation", evaluation, self.cfg.image("evaluation")).run(
                 inputs=[
-                    *self.code_inputs(),
+                    *self.code_inputs("evaluation"),
                     self.s3_input("model", train.properties.ModelArtifacts.S3ModelArtifacts, contract.MODEL_DIR),
                     self.s3_input("test", self.output(tokenize, "test"), contract.TEST_DIR),
                 ],
@@ -265,7 +265,7 @@ class Steps(StepParts):
             depends_on=[register],
         )
 
-    # 8. Deploy: the deploy Lambda (steps/deploy.py) sends the new version to the staging endpoint, where it is tested
+    # 8. Deploy: the deploy Lambda (steps/deploy/) sends the new version to the staging endpoint, where it is tested
     # before promotion. Endpoint names and sizes are the Lambda's configuration (upsert), not inputs: its role may act
     # on those endpoints only.
     def deploy(self, register: ModelStep) -> LambdaStep:

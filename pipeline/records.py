@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import contract
+from steps import contract
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Changes:
 
 
 def changes(outcomes: list[dict]) -> Changes:
-    """The lines of steps/lifecycle.py's outcomes."""
+    """The lines of steps/deploy/lifecycle.py's outcomes."""
     failed = [o["line"] for o in outcomes if o.get("action") == "deploy-failed"]
     return Changes([o["line"] for o in outcomes], failed[0] if failed else "")
 

@@ -8,9 +8,9 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from pipeline import contract
 from pipeline.code import bundles
 from pipeline.config import Config, ProcessingResources
+from steps import contract
 
 if TYPE_CHECKING:
     from sagemaker.core.processing import Processor
@@ -142,8 +142,9 @@ class StepParts:
             ),
         )
 
-    def code_inputs(self) -> list[ProcessingInput]:
-        inputs = [self.s3_input("code", bundles()["steps"].uri(self.cfg.s3_root), contract.CODE_DIR)]
+    def code_inputs(self, step: str) -> list[ProcessingInput]:
+        """The step's own code bundle (steps/<step>/ and the package's top-level modules), and the wheels if any."""
+        inputs = [self.s3_input("code", bundles()[step].uri(self.cfg.s3_root), contract.CODE_DIR)]
         wheels = self.cfg.images.wheels
         return inputs + ([self.s3_input("wheels", wheels, WHEELS_INPUT)] if wheels else [])
 

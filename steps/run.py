@@ -1,7 +1,8 @@
-"""Entry point of the processing containers: `python3 run.py STEP [ARGS...]`.
+"""Entry point of the processing containers: `python3 steps/run.py STEP [ARGS...]`, STEP a subpackage of `steps`
+with a `__main__` (tokenize, evaluation).
 
-Installs what the image lacks of the libraries STEP imports (their lines of `requirements.txt`, next to this
-file), then runs `STEP.py` with ARGS as if it had been started directly. With a `wheels` input (a VPC without
+Installs what the image lacks of the libraries STEP imports (the lines of `steps/STEP/requirements.txt`), then runs
+the package `steps.STEP` with ARGS as `python3 -m steps.STEP ARGS` would. With a `wheels` input (a VPC without
 internet, `images.wheels`), pip installs from those files only; otherwise from PyPI with short timeouts, so that
 a missing route fails in seconds rather than hangs.
 
@@ -30,36 +31,37 @@ except ImportError:  # an image without packaging still has pip, which run.py ne
     from pip._vendor.packaging.version import InvalidVersion, Version
 
 HERE = Path(__file__).resolve().parent
+if Path(sys.path[0] or ".").resolve() == HERE:  # started as a file: the package's root, not its folder, on sys.path
+    sys.path[0] = str(HERE.parent)
 WHEELS = Path(os.environ.get("STEP_WHEELS_DIR", "/opt/ml/processing/input/wheels"))
-# the scripts a processing step may run (the other modules are their helpers) and the libraries each imports
-STEPS = {
-    "preprocess": ("transformers", "pyarrow"),
-    "evaluate": ("transformers", "datasets", "evaluate", "pyarrow", "onnxruntime", "onnx", "ml_dtypes"),  # serving.py
-}
-HUB_SOURCE_NEEDS = ("datasets",)  # preprocess.py reads a Hub dataset with datasets.load_dataset
+HUB_SOURCE_NEEDS = ("datasets",)  # tokenize reads a Hub dataset with datasets.load_dataset, and only that needs it
 
 
 class StepError(Exception):
     """An expected failure: main() prints it as one line and exits 1."""
 
 
-def requirements(path: Path = HERE / "requirements.txt") -> dict[str, str]:
-    """Module name -> requirement line of requirements.txt (a project's name is its module's here)."""
+def steps() -> list[str]:
+    """The steps run.py runs: the subpackages with a `__main__`."""
+    return sorted(path.parent.name for path in HERE.glob("*/__main__.py"))
+
+
+def requirements(step: str) -> dict[str, str]:
+    """Module name -> requirement line of the step's requirements.txt (a project's name is its module's there)."""
+    path = HERE / step / "requirements.txt"
     lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
     return {re.split(r"[<>=!~\[; ]", line)[0].replace("-", "_"): line for line in lines if line}
 
 
 def importable(module: str) -> bool:
-    """Whether `module` is found among the libraries (this folder's evaluate.py shadows the `evaluate` library)."""
-    path = [p for p in sys.path if Path(p or ".").resolve() != HERE]
-    return importlib.machinery.PathFinder.find_spec(module, path) is not None
+    """Whether `module` is found among the libraries."""
+    return importlib.machinery.PathFinder.find_spec(module) is not None
 
 
 def import_error(modules: tuple[str, ...]) -> str | None:
     """The first error of importing `modules` in a fresh interpreter, as `module: Error: message`, else None."""
     code = (
-        "import importlib, pathlib, sys\n"
-        f"sys.path[:] = [p for p in sys.path if pathlib.Path(p or '.').resolve() != pathlib.Path({str(HERE)!r})]\n"
+        "import importlib, sys\n"
         f"for module in {list(modules)!r}:\n"
         "    try:\n"
         "        importlib.import_module(module)\n"
@@ -111,25 +113,22 @@ def pip_command(lines: list[str], constraints: Path, wheels: Path = WHEELS) -> l
 
 
 def needed_modules(step: str, args: list[str]) -> tuple[str, ...]:
-    """The libraries `step` imports with these arguments: preprocess needs datasets for a Hub dataset source only
-    (its default; not `sample[:N]`, `s3://...` or a local folder)."""
+    """The libraries `step` imports with these arguments: those of its requirements.txt, but tokenize needs datasets
+    for a Hub dataset source only (its default; not `sample[:N]`, `s3://...` or a local folder)."""
     source = next((a.split("=", 1)[1] for a in args if a.startswith("--source=")), None)
     if "--source" in args[:-1]:
         source = args[args.index("--source") + 1]
-    hub = step == "preprocess" and not (source and (source.startswith(("sample", "s3://")) or Path(source).exists()))
-    return STEPS[step] + (HUB_SOURCE_NEEDS if hub else ())
+    local = step == "tokenize" and source and (source.startswith(("sample", "s3://")) or Path(source).exists())
+    return tuple(m for m in requirements(step) if not (local and m in HUB_SOURCE_NEEDS))
 
 
-def ensure_requirements(
-    needed: tuple[str, ...], wanted: dict[str, str] | None = None, wheels: Path = WHEELS
-) -> None:
+def ensure_requirements(needed: tuple[str, ...], wanted: dict[str, str], wheels: Path = WHEELS) -> None:
     """pip-install the requirement of each module of `needed` that cannot be imported, changing nothing installed.
 
     Raises StepError when pip fails, when a package changed, or when a needed module does not import afterwards."""
     missing = [m for m in needed if not importable(m)]
     if not missing:
         return
-    wanted = requirements() if wanted is None else wanted
     lines = [wanted[m] for m in missing if m in wanted]
     before = installed()
     print(f"run.py: installing {', '.join(lines)} (missing: {', '.join(missing)}), "
@@ -151,16 +150,15 @@ def ensure_requirements(
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in STEPS:
-        sys.exit(f"usage: run.py STEP [ARGS...], STEP one of: {', '.join(STEPS)}")
-    script = HERE / f"{sys.argv[1]}.py"
+    if len(sys.argv) < 2 or sys.argv[1] not in steps():
+        sys.exit(f"usage: run.py STEP [ARGS...], STEP one of: {', '.join(steps())}")
+    step = sys.argv[1]
     try:
-        ensure_requirements(needed_modules(sys.argv[1], sys.argv[2:]))
+        ensure_requirements(needed_modules(step, sys.argv[2:]), requirements(step))
     except StepError as error:
         sys.exit(f"run.py: {error}")
-    sys.argv = [str(script), *sys.argv[2:]]
-    sys.path.insert(0, str(HERE))
-    runpy.run_path(str(script), run_name="__main__")
+    sys.argv = [str(HERE / step), *sys.argv[2:]]
+    runpy.run_module(f"steps.{step}", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,8 @@ Both are built in well under a second, saved to folders, and load with the Auto*
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -29,23 +26,6 @@ CORPUS = [
     "disappointed: broke after a week, customer service never answered",
     "mixed feelings. the screen is superb but the software is annoying",
 ]
-
-
-def load_step(name: str, module_name: str | None = None) -> ModuleType:
-    """Import steps/<name>.py under module_name (steps/evaluate.py must not be imported as `evaluate`).
-
-    steps/ goes at the end of sys.path, as a sibling import finds it in the container (after the libraries, so
-    that `import evaluate` still means the library)."""
-    module_name = module_name or f"{name}_step"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    if str(STEPS) not in sys.path:
-        sys.path.append(str(STEPS))
-    spec = importlib.util.spec_from_file_location(module_name, STEPS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def build_tokenizer(folder: Path, extra_texts: list[str] | None = None) -> Path:
@@ -70,8 +50,9 @@ def build_tokenizer(folder: Path, extra_texts: list[str] | None = None) -> Path:
 
 
 def sample_texts(rows: int = 300) -> list[str]:
-    """`rows` reviews of steps/reviews.py's generator (not of any split a run uses), to train a tokenizer on."""
-    reviews = load_step("reviews")
+    """`rows` reviews of the sample generator (not of any split a run uses), to train a tokenizer on."""
+    from steps.tokenize import reviews
+
     return [f"{title} {content}" for _, title, content in reviews.sample_reviews("vocabulary", rows, 7)]
 
 
@@ -132,16 +113,22 @@ def build_split_model(
 
 
 def write_tokenized(folder: Path, input_ids: list[list[int]], token_type_ids: list[list[int]], labels: list[int],
-                    shards: int = 2) -> Path:
-    """A tokenized split written by preprocess.py's own SplitWriter and schema, rows in order over `shards` files."""
+                    shards: int = 2, texts: list[tuple[str | None, str]] | None = None) -> Path:
+    """A tokenized split written by preprocess.py's own SplitWriter and schema, rows in order over `shards` files;
+    with `texts` (title, content) per row, a test split as the Tokenize step writes it."""
     import numpy as np
     import pyarrow as pa
 
-    pre = load_step("preprocess")
-    table = pa.table({"input_ids": input_ids, "token_type_ids": token_type_ids, "label": labels,
-                      "length": [len(ids) for ids in input_ids]}, schema=pre.SCHEMA)
+    from steps.tokenize import preprocess as pre
+
+    columns = {"input_ids": input_ids, "token_type_ids": token_type_ids, "label": labels,
+               "length": [len(ids) for ids in input_ids]}
+    schema = pre.SCHEMA if texts is None else pre.TEST_SCHEMA
+    if texts is not None:
+        columns |= {"title": [title for title, _ in texts], "content": [content for _, content in texts]}
+    table = pa.table(columns, schema=schema)
     longest = max((len(ids) for ids in input_ids), default=1)
-    writer = pre.SplitWriter(folder, longest, rows_per_shard=max(1, -(-len(labels) // shards)))
+    writer = pre.SplitWriter(folder, longest, rows_per_shard=max(1, -(-len(labels) // shards)), schema=schema)
     writer.write(table, np.zeros(len(labels), bool))
     writer.close()
     return folder
@@ -155,6 +142,8 @@ def add_serving_code(model_dir: Path) -> Path:
 
 
 def add_onnx_graphs(model_dir: Path) -> Path:
-    """Build onnx/model-fp32.onnx and onnx/model-int8.onnx in model_dir as the Evaluate step does (steps/serving.py)."""
-    load_step("serving").build(model_dir)
+    """Build onnx/model-fp32.onnx and onnx/model-int8.onnx in model_dir as the Evaluate step does (serving.py)."""
+    from steps.evaluation import serving
+
+    serving.build(model_dir)
     return model_dir

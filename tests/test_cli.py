@@ -54,7 +54,8 @@ def test_upsert_creates_then_updates_and_uploads_code_once(aws, capsys):
     assert "pipeline trainium-bert created" in out
     keys = code_keys(aws["s3"])
     assert any(k.endswith("/training/sourcedir.tar.gz") for k in keys)
-    assert any(k.endswith("/steps/run.py") for k in keys)
+    assert all(any(k.endswith(f"/{step}/steps/run.py") for k in keys) for step in ("tokenize", "evaluation"))
+    assert not any("/deploy/" in k for k in keys)  # the Lambda's bundle goes up as its zip
     uploaded = int(out.split("code: ")[1].split(" ")[0])
     assert uploaded == len(keys)
     deployed = json.loads(aws["sagemaker"].describe_pipeline(PipelineName="trainium-bert")["PipelineDefinition"])
@@ -269,7 +270,7 @@ def test_upsert_creates_then_updates_the_deploy_lambda(aws, capsys):
     assert "deploy Lambda trainium-bert-deploy: created" in out
     lambdas = boto3.client("lambda", region_name="us-east-1")
     function = lambdas.get_function(FunctionName="trainium-bert-deploy")["Configuration"]
-    assert function["Handler"] == "deploy.lambda_handler" and function["Role"] == role
+    assert function["Handler"] == "steps.deploy.handler.lambda_handler" and function["Role"] == role
     assert function["Environment"]["Variables"]["ENDPOINT_NAME"] == "trainium-bert"
     code, out, err = cli(capsys, *sets, "upsert")
     assert code == 0 and "deploy Lambda trainium-bert-deploy: unchanged" in out
@@ -414,3 +415,18 @@ def test_debug_shows_the_traceback_of_an_expected_error_too(local_account):
     assert done.returncode == 1
     assert "Traceback (most recent call last)" in done.stderr
     assert done.stderr.strip().endswith("ExecutionNotFound: no local execution x")
+
+
+def test_help_lists_the_commands_by_what_they_act_on():
+    import typer
+
+    from pipeline.cli import app
+
+    panels = {name: command.rich_help_panel for name, command in typer.main.get_command(app).commands.items()}
+    assert panels == {
+        **dict.fromkeys(("run", "start", "retry", "status", "executions", "cost"), "Executions"),
+        "models": "Models",
+        **dict.fromkeys(("deploy", "promote", "endpoints", "serve"), "Endpoints"),
+        "triggers": "Triggers",
+        **dict.fromkeys(("bootstrap", "upsert", "definition", "compare"), "Account"),
+    }

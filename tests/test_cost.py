@@ -278,9 +278,9 @@ def test_shipped_prices_are_the_documented_defaults():
     shipped = config().prices
     assert shipped.currency == "USD"
     assert shipped.on_demand == DEFAULT_PRICES  # pipeline.yaml lists exactly the defaults in code
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "price-performance.md").read_text()
     for instance_type, price in DEFAULT_PRICES.items():
-        assert f"| `{instance_type}` | {price} |" in readme, f"README prices table lacks {instance_type}"
+        assert f"| `{instance_type}` | {price} |" in page, f"docs/price-performance.md lacks {instance_type}"
     for used in ("ml.trn1.2xlarge", "ml.trn1.32xlarge", "ml.p4d.24xlarge", "ml.g5.xlarge", "ml.c5.xlarge"):
         assert shipped.price(used) is not None
     for used in (config().tokenize.instance_type, config().evaluation.instance_type, config().deploy.instance_type):

@@ -1,4 +1,5 @@
-"""Tests of steps/csv_records.py: CSV framing that agrees with pyarrow's parser and cuts out what it would swallow."""
+"""Tests of steps/tokenize/csv_records.py: CSV framing that agrees with pyarrow's parser and cuts out what
+it would swallow."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import random
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
-from fixtures_ml import load_step
 
-cr = load_step("csv_records", "csv_records")
+from steps.tokenize import csv_records as cr
 
 
 def parse(data: bytes, names: list[str] | None = None) -> tuple[list, list[str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -168,12 +169,12 @@ def test_training_step_runs_torchrun_in_the_neuronx_container(steps):
 
 
 def test_processing_steps_run_the_step_scripts_from_hashed_code(steps):
-    for name, script in (("Tokenize", "preprocess"), ("Evaluate", "evaluate")):
+    for name, package in (("Tokenize", "tokenize"), ("Evaluate", "evaluation")):
         app = steps[name]["Arguments"]["AppSpecification"]
-        assert app["ContainerEntrypoint"] == ["python3", "/opt/ml/processing/input/code/run.py", script]
+        assert app["ContainerEntrypoint"] == ["python3", "/opt/ml/processing/input/code/steps/run.py", package]
         code = next(i for i in steps[name]["Arguments"]["ProcessingInputs"] if i["InputName"] == "code")
         assert re.fullmatch(
-            r"s3://my-sagemaker-bucket/trainium-bert/code/[0-9a-f]{64}/steps/", code["S3Input"]["S3Uri"]
+            rf"s3://my-sagemaker-bucket/trainium-bert/code/[0-9a-f]{{64}}/{package}/", code["S3Input"]["S3Uri"]
         )
         assert code["S3Input"]["LocalPath"] == "/opt/ml/processing/input/code"
     assert (ROOT / "steps" / "run.py").is_file()
@@ -291,15 +292,48 @@ def test_code_hash_follows_content_only(tmp_path):
     folder = tmp_path / "training"
     folder.mkdir()
     (folder / "train.py").write_text("print('a')\n")
-    first = CodeBundle("training", folder, packed=True)
+    first = CodeBundle("training", folder, (folder,), packed=True)
     (folder / "__pycache__").mkdir()
     (folder / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
-    again = CodeBundle("training", folder, packed=True)
+    again = CodeBundle("training", folder, (folder,), packed=True)
     assert again.sha256 == first.sha256 and again.tarball() == first.tarball()
     (folder / "train.py").write_text("print('b')\n")
-    changed = CodeBundle("training", folder, packed=True)
+    changed = CodeBundle("training", folder, (folder,), packed=True)
     assert changed.sha256 != first.sha256
     assert changed.uri("s3://b/p") == f"s3://b/p/code/{changed.sha256}/training/sourcedir.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def project_copy(tmp_path_factory) -> Path:
+    """A copy of the code the definition hashes (steps/, training/), to edit."""
+    root = tmp_path_factory.mktemp("project")
+    for folder in ("steps", "training"):
+        shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.mark.parametrize(("edited", "changed"), [
+    ("steps/tokenize/readers.py", {"Tokenize"}),
+    ("steps/evaluation/quality.py", {"Evaluate"}),
+    ("steps/deploy/handler.py", set()),  # the Lambda's code is in no job: nothing re-runs
+    ("steps/deploy/lifecycle.py", set()),
+    ("steps/run.py", {"Tokenize", "Evaluate"}),  # the processing steps' entry point
+    ("training/train.py", {"Train", "AccuracyGate", "RegisterModel"}),  # the version records the code's hash
+])
+def test_an_edit_changes_the_code_location_of_its_own_step_only(text, project_copy, monkeypatch, edited, changed):
+    """SageMaker's cache key of a step holds its code location: an edit to one deployable must re-run its step alone
+    (and what reads its outputs), never a step of another deployable."""
+    path = project_copy / edited
+    original = path.read_text()
+    path.write_text(original + "# edited\n")
+    try:
+        monkeypatch.setattr("pipeline.code.PROJECT_ROOT", project_copy)
+        edited_text = definition(load_config(ROOT / "pipeline.yaml", environ={}))
+    finally:
+        path.write_text(original)
+    before, after = (flatten_steps(json.loads(t)["Steps"]) for t in (text, edited_text))
+    assert {name for name in before if before[name] != after[name]} == changed
+    assert (edited_text == text) is not changed  # a Lambda edit leaves the definition byte-identical
 
 
 def published_images() -> dict[str, str]:

@@ -1,10 +1,11 @@
-"""The deploy Lambda's SageMaker calls (steps/sagemaker_endpoints.py) against moto, in-process; its zip and entry
+"""The deploy Lambda's SageMaker calls (steps/deploy/sagemaker_endpoints.py) against moto, in-process; its zip and entry
 point. The lifecycle it drives is tested in test_lifecycle_aws.py."""
 
 from __future__ import annotations
 
 import ast
 import io
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -13,13 +14,13 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from pipeline.code import step_module
+from pipeline.code import bundles
 from pipeline.config import load_config
-from pipeline.sagemaker.upsert import LAMBDA_MODULES, deploy_lambda_zip, lambda_environment
+from pipeline.sagemaker.upsert import LAMBDA_HANDLER, deploy_lambda_zip, lambda_environment
+from steps.deploy import handler
+from steps.deploy import sagemaker_endpoints as deploy_step
 
 ROOT = Path(__file__).resolve().parent.parent
-deploy_step = step_module("sagemaker_endpoints")
-handler = step_module("deploy")
 
 REGION = "us-east-1"
 GROUP = "trainium-bert"
@@ -187,27 +188,35 @@ def test_the_handler_deploys_the_step_version_to_staging_with_its_environment(sm
         handler.lambda_handler({"model_package_arn": arn}, None)
 
 
-def test_the_lambda_zip_carries_deploy_py_and_every_steps_module_it_imports():
-    """The closure of sibling imports from deploy.py is exactly LAMBDA_MODULES; they import the standard library and
-    boto3 only (the python3.12 runtime has nothing else)."""
-    local = {p.stem for p in (ROOT / "steps").glob("*.py")}
-    needed, todo, outside = set(), ["deploy"], set()
+def test_the_lambda_zip_carries_every_module_the_handler_imports_and_nothing_but_the_standard_library_and_boto3(
+    tmp_path,
+):
+    """The zip is the deploy package with the `steps` package's modules; every module the handler reaches imports
+    from it, the standard library or boto3 only (the python3.12 runtime has nothing else); and the handler imports
+    from the unpacked zip alone, as the runtime does."""
+    with zipfile.ZipFile(io.BytesIO(deploy_lambda_zip())) as archive:
+        names = set(archive.namelist())
+        archive.extractall(tmp_path)
+    assert names == set(bundles()["deploy"].files) and "steps/contract.py" in names and "steps/run.py" not in names
+    module, _, function = LAMBDA_HANDLER.rpartition(".")
+    needed, todo, outside = set(), [module], set()
     while todo:
         name = todo.pop()
         needed.add(name)
-        for node in ast.walk(ast.parse((ROOT / "steps" / f"{name}.py").read_text())):
+        for node in ast.walk(ast.parse((tmp_path / (name.replace(".", "/") + ".py")).read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) else [])
-            for imported in (n.split(".")[0] for n in names if n):
-                if imported in local:
+                [node.module, *(f"{node.module}.{a.name}" for a in node.names)]  # a module, or a name in one
+                if isinstance(node, ast.ImportFrom) else [])
+            for imported in names:
+                path = tmp_path / imported.replace(".", "/")
+                if path.with_suffix(".py").is_file():
                     todo += [] if imported in needed else [imported]
-                else:
-                    outside.add(imported)
-    assert {f"{n}.py" for n in needed} == set(LAMBDA_MODULES)
+                elif not path.is_dir() and not path.parent.with_suffix(".py").is_file():
+                    outside.add(imported.split(".")[0])
+    assert {"steps.deploy.lifecycle", "steps.deploy.sagemaker_account", "steps.contract"} <= needed
     assert outside <= set(sys.stdlib_module_names) | {"boto3", "botocore"}, outside
-    with zipfile.ZipFile(io.BytesIO(deploy_lambda_zip())) as archive:
-        assert sorted(archive.namelist()) == sorted(LAMBDA_MODULES)
-        assert archive.read("lifecycle.py") == (ROOT / "steps" / "lifecycle.py").read_bytes()
+    code = f"import sys; sys.path[:0] = [{str(tmp_path)!r}]; import {module} as m; assert callable(m.{function})"
+    assert subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path).returncode == 0
     assert deploy_lambda_zip() == deploy_lambda_zip()  # reproducible: unchanged code is not re-uploaded
 
 
@@ -315,3 +324,35 @@ def test_a_package_that_does_not_exist_is_a_deploy_error(sm):
     with pytest.raises(deploy_step.DeployError, match=f"model package {arn}"):
         deploy_step.deploy(sm, arn, ENDPOINT)  # whatever moto answers for it
     assert counts(sm) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("sets", [
+    [],
+    ["deploy.auto_promote=true", "deploy.test.rows=37", "deploy.test.max_accuracy_drop=0.125",
+     "deploy.test.p95_ms=750.5", "deploy.data_capture_s3_uri=s3://bucket/capture", "deploy.guardrails_alarm=alarm",
+     "alerts.topic_arn=arn:aws:sns:us-east-1:123456789012:alerts", "deploy.autoscaling.target_invocations=12.5"],
+])
+def test_the_lambda_reads_back_from_its_environment_the_settings_the_cli_hands_over_directly(sets):
+    """The CLI passes the config's settings to the lifecycle as they are; the Lambda gets them through its
+    environment: both must hold the same settings."""
+    from pipeline.deploy_settings import settings
+    from steps.deploy.sagemaker_account import Settings
+
+    cfg = load_config(ROOT / "pipeline.yaml", sets, environ={})
+    direct = settings(cfg)
+    assert Settings.from_env(lambda_environment(cfg)) == direct
+    assert direct.policy.test_rows == cfg.deploy.test.rows
+    assert direct.scaling[2] == cfg.deploy.autoscaling.target_invocations
+
+
+def test_the_lifecycle_defaults_have_one_home_that_the_config_and_the_lambda_read():
+    """deploy.test and deploy.auto_promote default to the lifecycle's Policy: the config (pipeline.yaml sets none of
+    them) and the Lambda's environment without them give the same policy."""
+    from pipeline.deploy_settings import policy
+    from steps.deploy.lifecycle import Policy
+    from steps.deploy.sagemaker_account import Settings
+
+    cfg = load_config(ROOT / "pipeline.yaml", environ={})
+    assert policy(cfg) == Policy()
+    bare = {"MODEL_PACKAGE_GROUP": "g", "ENDPOINT_NAME": "e"}
+    assert Settings.from_env(bare).policy == Policy()

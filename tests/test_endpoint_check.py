@@ -1,5 +1,6 @@
-"""The endpoint test (steps/endpoint_check.py) through the stock boto3 `sagemaker-runtime` client against a real local
-endpoint: accuracy against the evaluation's on the same rows, the p95 budget, error answers; the sample's format."""
+"""The endpoint test (steps/deploy/endpoint_check.py) through the stock boto3 `sagemaker-runtime` client against a
+real local endpoint: accuracy against the evaluation's on the same rows, the p95 budget, error answers; the sample's
+format."""
 
 from __future__ import annotations
 
@@ -10,10 +11,8 @@ import boto3
 import pytest
 from fixtures_lifecycle import sample_rows, toy_version
 
-from pipeline.code import step_module
 from pipeline.local.endpoint import LocalEndpoint
-
-check = step_module("endpoint_check")
+from steps.deploy import endpoint_check as check
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from fixtures_ml import add_serving_code, build_model, build_tokenizer
 
-from pipeline.contract import MAX_PAYLOAD_BYTES
 from pipeline.local.endpoint import LocalEndpoint
+from steps.contract import MAX_PAYLOAD_BYTES
 
 READ_TIMEOUT = 1.5  # the server's, small so that the slow cases end quickly
 WAIT = 30.0  # the client's: far above READ_TIMEOUT, so a server that never answers fails the test, not hangs it

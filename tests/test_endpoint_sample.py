@@ -1,6 +1,6 @@
-"""The labelled sample Evaluate writes for the endpoint test (steps/endpoint_sample.py): the evaluation's sampled test
-rows as text with their labels and the evaluation's predictions. Served by the project's handler on a real local
-endpoint, the same model answers exactly those predictions: the test's accuracy reference is exact."""
+"""The labelled sample Evaluate writes for the endpoint test (steps/evaluation/endpoint_sample.py): the evaluation's
+sampled test rows as text with their labels and the evaluation's predictions. Served by the project's handler on a
+real local endpoint, the same model answers exactly those predictions: the test's accuracy reference is exact."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from pathlib import Path
 
 import boto3
 import pytest
-from fixtures_ml import CORPUS, add_serving_code, build_split_model, build_tokenizer, load_step, write_tokenized
+from fixtures_ml import CORPUS, add_serving_code, build_split_model, build_tokenizer, write_tokenized
 
-from pipeline import contract
-from pipeline.code import step_module
 from pipeline.local.endpoint import LocalEndpoint
+from steps import contract
+from steps.deploy import endpoint_check as check
+from steps.evaluation import endpoint_sample
+from steps.evaluation import evaluate as ev
 
-ev = load_step("evaluate")
-check = step_module("endpoint_check")
 TEXTS = CORPUS + ["great", "terrible zippers", "the battery broke after a week of great sound", "love it",
-                  "works perfectly, five stars", "broke after two days"]
+                  "Works PERFECTLY, five stars!!", "broke after two days (zzqx ##ing)"]  # case, [UNK], stray "##"
 ROWS = [(TEXTS[(i + 3) % len(TEXTS)] if i % 3 == 0 else None, text) for i, text in enumerate(TEXTS)]
 
 
@@ -36,14 +36,14 @@ def evaluated(tmp_path_factory, no_network_module) -> tuple[Path, Path, list[int
         ids.append(encoded["input_ids"])
         types.append(encoded["token_type_ids"])
     assert any(1 in row for row in types)
-    test = write_tokenized(root / "test", ids, types, labels)
+    test = write_tokenized(root / "test", ids, types, labels, texts=ROWS)
     out = root / "evaluation"
     ev.run(ev.parse_args(["--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(out),
                           "--sample-size", "10", "--no-int8"]))
     return model, out, labels
 
 
-def test_evaluate_writes_the_sampled_rows_as_text_with_its_predictions(evaluated):
+def test_evaluate_writes_the_sampled_rows_as_their_original_text_with_its_predictions(evaluated):
     _, out, labels = evaluated
     assert (out / contract.SAMPLE_FILE).exists() and contract.SAMPLE_FILE == check.SAMPLE_FILE
     rows = check.read_sample((out / contract.SAMPLE_FILE).read_text().splitlines())
@@ -52,7 +52,7 @@ def test_evaluate_writes_the_sampled_rows_as_text_with_its_predictions(evaluated
     assert sum(r["label"] for r in rows) == 5  # stratified: the split is half positive
     by_text = {(title, text) if title else (text,): label for (title, text), label in zip(ROWS, labels, strict=True)}
     assert all(by_text[(r["text"], r["text_pair"]) if "text_pair" in r else (r["text"],)] == r["label"]
-               for r in rows)  # decoded back to the reviews (lowercase, spaced), a title and its content apart
+               for r in rows)  # the reviews as they came in (case and all), a title and its content apart
     assert any("text_pair" in r for r in rows) and any("text_pair" not in r for r in rows)
     predictions = {r["prediction"] for r in rows}
     assert predictions == {0, 1}  # the split model labels half of the texts positive
@@ -73,29 +73,23 @@ def test_the_served_model_answers_the_evaluations_predictions_on_the_sample(eval
     assert result["accuracy"] == result["reference_accuracy"]  # same rows, same model, same predictions
 
 
-def test_no_tokenizer_no_sample(tmp_path, capsys):
-    endpoint_sample = load_step("endpoint_sample")
-    assert endpoint_sample.codec(tmp_path) is None
-    assert endpoint_sample.write(tmp_path / "out", tmp_path, {"input_ids": None}, [1], [1]) is None
-    assert "endpoint_sample.jsonl not written" in capsys.readouterr().out
+def test_a_split_without_text_gets_no_sample(tmp_path, capsys):
+    import pyarrow as pa
+
+    rows = pa.table({"input_ids": [[2, 5, 3]], "token_type_ids": [[0, 0, 0]], "label": [1]})
+    assert endpoint_sample.write(tmp_path / "out", rows, [1], [1]) is None
+    assert "no title and content columns (the Tokenize step writes them): endpoint_sample.jsonl not written" in \
+        capsys.readouterr().out
     assert not (tmp_path / "out").exists()
 
 
-def test_rows_are_kept_only_when_their_text_encodes_back_to_their_tokens(evaluated, tmp_path, capsys):
+def test_every_sampled_row_is_kept_as_it_came_in_even_where_its_tokens_would_not_decode_back(tmp_path):
     import pyarrow as pa
-    from transformers import AutoTokenizer
 
-    model, _, _ = evaluated
-    endpoint_sample = load_step("endpoint_sample")
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-    unknown = tokenizer("great zzqx sound", "love it", return_token_type_ids=True)  # zzqx: [UNK], kept as such
-    assert tokenizer.unk_token_id in unknown["input_ids"]
-    piece = next(i for t, i in tokenizer.get_vocab().items() if t.startswith("##"))
-    stray = [tokenizer.cls_token_id, piece, tokenizer.sep_token_id]  # a lone "##" piece: no text encodes to it
-    rows = pa.table({"input_ids": [unknown["input_ids"], stray],
-                     "token_type_ids": [unknown["token_type_ids"], [0, 0, 0]]})
-    path = endpoint_sample.write(tmp_path, model, rows, [1, 0], [1, 0])
-    (row,) = check.read_sample(path.read_text().splitlines())
-    assert row == {"text": "great [UNK] sound", "text_pair": "love it", "label": 1, "prediction": 1}
-    assert "1 of 2 sampled rows for the endpoint test (1 left out: their text does not encode back" in \
-        capsys.readouterr().out
+    texts = [("Great ZZQX sound", "love it"), (None, "##ing, not a word")]  # [UNK] and a lone "##" piece
+    rows = pa.table({"title": [t for t, _ in texts], "content": [c for _, c in texts]})
+    path = endpoint_sample.write(tmp_path, rows, [1, 0], [1, 0])
+    assert check.read_sample(path.read_text().splitlines()) == [
+        {"text": "Great ZZQX sound", "text_pair": "love it", "label": 1, "prediction": 1},
+        {"text": "##ing, not a word", "label": 0, "prediction": 0},
+    ]

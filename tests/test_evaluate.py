@@ -1,4 +1,4 @@
-"""Tests of steps/evaluate.py, steps/quality.py and the shipped accuracy metric, with a tiny random BERT classifier."""
+"""Tests of steps/evaluation/ (evaluate.py, quality.py, the shipped accuracy metric) with a tiny random BERT."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_ml import STEPS, add_serving_code, build_model, build_tokenizer, load_step, write_tokenized
+from fixtures_ml import STEPS, add_serving_code, build_model, build_tokenizer, write_tokenized
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-ev = load_step("evaluate")
-quality = load_step("quality")
+from steps.evaluation import evaluate as ev
+from steps.evaluation import quality
+
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model runs fastest on one thread
 LABELS = [1, 0, 1, 1, 0, 0, 0]  # 3 positive of 7
 
@@ -147,7 +148,7 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     rows = random_rows(40, seed=3)
     test = write_split(tmp_path / "test", rows)
     model_dir = split_at_median(model_dir, tmp_path / "model", rows)
-    cmd = [sys.executable, str(STEPS / "evaluate.py"), "--model-dir", str(tarball(model_dir, tmp_path / "m")),
+    cmd = [sys.executable, "-m", "steps.evaluation", "--model-dir", str(tarball(model_dir, tmp_path / "m")),
            "--test-dir", str(test), "--output-dir", str(tmp_path / "eval"), "--serving-dir", str(tmp_path / "serving"),
            "--batch-size", "8"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ONE_THREAD)
@@ -398,14 +399,14 @@ def test_quality_standard_deviations_intervals_and_curves() -> None:
 def test_shipped_accuracy_metric_loads_by_path() -> None:
     import evaluate as hf_evaluate
 
-    metric = hf_evaluate.load(str(STEPS / "metrics" / "accuracy"), keep_in_memory=True)
+    metric = hf_evaluate.load(str(STEPS / "evaluation" / "metrics" / "accuracy"), keep_in_memory=True)
     assert metric.compute(predictions=[0, 1, 1, 0], references=[0, 1, 0, 0])["accuracy"] == 0.75
 
 
 def test_missing_model_fails_naming_the_path(tmp_path: Path) -> None:
     test = write_split(tmp_path / "test", random_rows(4))
     (tmp_path / "empty").mkdir()
-    cmd = [sys.executable, str(STEPS / "evaluate.py"), "--model-dir", str(tmp_path / "empty"),
+    cmd = [sys.executable, "-m", "steps.evaluation", "--model-dir", str(tmp_path / "empty"),
            "--test-dir", str(test), "--output-dir", str(tmp_path / "eval")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ONE_THREAD)
     assert proc.returncode != 0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures_ml import CORPUS, add_onnx_graphs, add_serving_code, build_split_model, build_tokenizer, load_step
+from fixtures_ml import CORPUS, add_onnx_graphs, add_serving_code, build_split_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = CORPUS + ["great", "terrible zippers", "the battery broke after a week of great sound"]
@@ -390,7 +390,8 @@ def serve_without_onnxruntime(model: Path) -> tuple[dict, str]:
 def test_an_image_without_onnxruntime_uses_the_copy_in_the_artifact(graphs: Path, tmp_path: Path) -> None:
     import onnxruntime
 
-    serving = load_step("serving")
+    from steps.evaluation import serving
+
     model = Path(shutil.copytree(graphs, tmp_path / "model"))
     served, _ = serve_without_onnxruntime(model)
     assert served["variant"] == "torch-fp32" and served["onnxruntime"] is None  # no copy: torch fp32

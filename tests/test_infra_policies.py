@@ -145,11 +145,11 @@ IMPLIED = {
 def _lambda_calls() -> set[str]:
     """The IAM actions of every boto3 call in the zip's modules: `sm.X(...)`, `self.sm.X`, `aas.X`, `self.s3.X`,
     `self.sns.X`, the runtime `client.invoke_endpoint`, and the operations named to get_paginator."""
-    from pipeline.sagemaker.upsert import LAMBDA_MODULES
+    from pipeline.code import bundles
 
     found = set()
-    for module in LAMBDA_MODULES:
-        for node in ast.walk(ast.parse((ROOT / "steps" / module).read_text())):
+    for module in (m for m in bundles()["deploy"].files if m.endswith(".py")):
+        for node in ast.walk(ast.parse((ROOT / module).read_text())):
             if not isinstance(node, ast.Attribute):
                 continue
             owner = node.value
@@ -158,7 +158,7 @@ def _lambda_calls() -> set[str]:
                 and owner.value.id == "self" else None)
             if name in CLIENTS and node.attr not in ("exceptions",):
                 found.add((CLIENTS[name], node.attr))
-        for node in ast.walk(ast.parse((ROOT / "steps" / module).read_text())):
+        for node in ast.walk(ast.parse((ROOT / module).read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get_paginator":
                 found.add(("sagemaker", node.args[0].value))
     return {iam_action(service, method) for service, method in found if method != "get_paginator"}

@@ -1,4 +1,4 @@
-"""The deploy Lambda's lifecycle (steps/deploy.py) against moto, in-process: events in EventBridge's shapes, the
+"""The deploy Lambda's lifecycle (steps/deploy/handler.py) against moto, in-process: events in EventBridge's shapes, the
 Model Registry, S3 (the labelled sample), SNS (alerts, read through an SQS subscription) and Application Auto Scaling
 are moto's. The endpoint test goes through the stock `sagemaker-runtime` client to a real local endpoint serving a
 torch-free classifier under the staging endpoint's name (moto's own invoke answers a canned body).
@@ -17,15 +17,13 @@ import pytest
 from botocore.exceptions import ClientError
 from fixtures_lifecycle import toy_version
 
-from pipeline.code import step_module
 from pipeline.config import load_config
 from pipeline.local.endpoint import LocalEndpoint
 from pipeline.sagemaker.upsert import lambda_environment
-
-deploy = step_module("deploy")
-lifecycle = step_module("lifecycle")
-account_module = step_module("sagemaker_account")
-endpoints = step_module("sagemaker_endpoints")
+from steps.deploy import handler as deploy
+from steps.deploy import lifecycle
+from steps.deploy import sagemaker_account as account_module
+from steps.deploy import sagemaker_endpoints as endpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION, ACCOUNT, BUCKET, GROUP = "us-east-1", "123456789012", "lifecycle-bucket", "trainium-bert"

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_ROWS = 80  # sample:800 has 800 // 10 test rows, balanced
 # Better than chance on TEST_ROWS balanced rows: P(accuracy >= 0.7) for a coin is 0.0002 (measured here: 0.91).
 BETTER_THAN_CHANCE = 0.7
-CLEAR = {  # unmistakable reviews in the generator's own words (steps/reviews.py), and their labels
+CLEAR = {  # unmistakable reviews in the generator's own words (steps/tokenize/reviews.py), and their labels
     "Great headphones. The sound quality is excellent. Highly recommended.": "positive",
     "Excellent. Works perfectly. Highly recommended.": "positive",
     "Terrible. Broke after a week. Waste of money.": "negative",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.contract import APPROVED, PENDING, REJECTED
 from pipeline.local.registry import ModelNotFoundError, Registry
+from steps.contract import APPROVED, PENDING, REJECTED
 
 ROOT = Path(__file__).resolve().parents[1]
 EVALUATION = {  # evaluation.json's shape: the accuracy where the gate reads it (contract.ACCURACY_PATH)

@@ -1,4 +1,4 @@
-"""Tests of steps/preprocess.py: sources, validation and drop counts, tokenization rule, stats, CLI."""
+"""Tests of steps/tokenize/preprocess.py: sources, validation and drop counts, tokenization rule, stats, CLI."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_ml import STEPS, build_tokenizer, load_step
+from fixtures_ml import build_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-pre = load_step("preprocess")
-rd = load_step("readers", "readers")  # the modules preprocess imports, not second copies
-rev = load_step("reviews", "reviews")
+from steps.tokenize import csv_records
+from steps.tokenize import preprocess as pre
+from steps.tokenize import readers as rd
+from steps.tokenize import reviews as rev
 
 
 def drops(**counts: int) -> dict[str, int]:
@@ -150,6 +151,11 @@ def test_tokenization_rule(tok_dir: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert set(got[2]["token_type_ids"]) == {0}
     assert got[4]["input_ids"].count(tok.sep_token_id) == 4  # the [SEP]s of the text are special tokens too
     assert len(read(tmp_path / "out", "validation")) == 0  # share 0: an empty shard with the schema
+    # the test split keeps each row's original text beside its tokens (what the endpoint test sends); no other does
+    assert [(row["title"], row["content"]) for row in got] == [
+        (src["title"] if src["title"].strip() else None, src["content"]) for src in rows]
+    assert read(tmp_path / "out", "test").schema == pre.TEST_SCHEMA
+    assert read(tmp_path / "out", "train").schema == pre.SCHEMA
 
 
 def write_csv(path: Path, lines: list[str]) -> None:
@@ -276,7 +282,7 @@ def test_cli_fails_when_too_many_rows_are_bad(tok_dir: Path, tmp_path: Path) -> 
     rows = [f'{i % 2},"t","fine {i}"' for i in range(95)] + ['7,"t","x"'] * 5
     write_csv(tmp_path / "in" / "train.csv", rows)
     write_csv(tmp_path / "in" / "test.csv", ['1,"t","fine"'])
-    cmd = [sys.executable, str(STEPS / "preprocess.py"), "--source", str(tmp_path / "in"), "--model-id",
+    cmd = [sys.executable, "-m", "steps.tokenize", "--source", str(tmp_path / "in"), "--model-id",
            str(tok_dir), "--max-length", "32", "--validation-share", "0.05", "--seed", "42",
            "--max-bad-share", "0.01", "--output-dir", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -297,7 +303,7 @@ def test_unclosed_quote_fails_naming_the_line_and_counts_the_swallowed_rows(tok_
     rows[2999] = '1,title 2999,"the quote of this review never closes'
     write_csv(tmp_path / "in" / "train.csv", rows)
     write_csv(tmp_path / "in" / "test.csv", csv_rows(10))
-    cmd = [sys.executable, str(STEPS / "preprocess.py"), "--source", str(tmp_path / "in"), "--model-id",
+    cmd = [sys.executable, "-m", "steps.tokenize", "--source", str(tmp_path / "in"), "--model-id",
            str(tok_dir), "--max-length", "32", "--output-dir", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
@@ -389,7 +395,7 @@ def test_real_dump_shapes_parse_row_for_row(tmp_path: Path, monkeypatch: pytest.
     import csv
     import gzip
 
-    monkeypatch.setattr(load_step("csv_records", "csv_records"), "READ_BYTES", 100)
+    monkeypatch.setattr(csv_records, "READ_BYTES", 100)
     rng = random.Random(5)
     rows = [(str(i % 2), rng.choice(["Great", "Meh, \"ok\"", "", "Two\nlines"]),
              rng.choice(["Fine.", "Line one\r\nline two, with \"quotes\"", "a,b\n\nc", " "]) + f" {i}")

@@ -66,7 +66,7 @@ def local(sets: list[str], command: str, *args: str, changed: tuple[str, ...] = 
 
 
 def evaluate_code(account: LocalBackend) -> Path:
-    return account.s3.path(bundles()["steps"].s3_prefix(account.cfg.s3_root) + "evaluate.py")
+    return account.s3.path(bundles()["evaluation"].s3_prefix(account.cfg.s3_root) + "steps/evaluation/evaluate.py")
 
 
 def report(account: LocalBackend, execution: Execution) -> dict:
@@ -198,3 +198,25 @@ def test_a_selective_run_of_evaluate_gives_a_new_report_and_registers_nothing_un
 
     code, out = cli(capsys, *local(sets, "run", "--steps", "Evaluate", "--from", "no-such-execution"))
     assert code == 1 and "no local execution no-such-execution" in out
+
+
+def test_after_an_edit_to_the_deploy_lambda_a_run_takes_every_job_step_from_the_cache(setup, capsys, monkeypatch,
+                                                                                       tmp_path):
+    """The Lambda's code is in no job's code location: editing it re-runs no step (its own bundle changes alone)."""
+    import shutil
+
+    from pipeline.code import bundles
+
+    account, sets = setup
+    project = tmp_path / "project"
+    for folder in ("steps", "training"):
+        shutil.copytree(ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    with (project / "steps" / "deploy" / "handler.py").open("a") as handler:
+        handler.write("# edited\n")
+    assert bundles(project)["deploy"].sha256 != bundles()["deploy"].sha256
+    monkeypatch.setattr("pipeline.code.PROJECT_ROOT", project)
+    code, out = cli(capsys, *local(sets, "run"))
+    assert code == 0, out
+    latest = account.record(None)
+    assert latest.status == "Succeeded"
+    assert [name for name in ("Tokenize", "Train", "Evaluate") if not latest.steps[name].cached] == []

@@ -1,14 +1,14 @@
 """The serving artifact on the inference image's stack, served by the image's own toolkit.
 
 What train.py saved under the Neuron training image's transformers, with the ONNX Runtime variants the Evaluate step
-adds (steps/serving.py: the graphs and a copy of onnxruntime), is loaded and called by the real Hugging Face
+adds (steps/evaluation/serving.py: the graphs and a copy of onnxruntime), is loaded and called by the real Hugging Face
 inference toolkit (sagemaker-huggingface-inference-toolkit 2.6.0 with multi-model-server's request context, as in
 the inference image) under the inference image's transformers, in an environment without onnxruntime: the handler
 must import the copy the artifact carries, nothing downloaded. Every variant must reproduce the Train step's own
 predictions (predictions/test.parquet) on the same test rows, and bad requests must stay 400s.
 
 CI keeps the XLA test's model (KEEP_ARTIFACT_DIR), adds the variants with the project's venv (`python
-steps/serving.py DIR`), installs the inference image's transformers and the toolkit, and runs this file with
+steps/evaluation/serving.py DIR`), installs the inference image's transformers and the toolkit, and runs this file with
 SERVE_ARTIFACT_DIR=DIR. Skipped without it.
 """
 

@@ -15,31 +15,30 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fixtures_ml import load_step
+
+from steps import run
 
 
-def test_requirements_cover_every_module_a_step_needs():
-    run = load_step("run")
-    wanted = run.requirements()
-    assert {m for modules in run.STEPS.values() for m in modules} | set(run.HUB_SOURCE_NEEDS) <= set(wanted)
-    assert wanted["evaluate"].startswith("evaluate>=")
+def test_each_step_has_its_own_requirements():
+    assert run.steps() == ["evaluation", "tokenize"]
+    tokenize, evaluation = run.requirements("tokenize"), run.requirements("evaluation")
+    assert set(run.HUB_SOURCE_NEEDS) <= set(tokenize) and "evaluate" not in tokenize and "onnxruntime" not in tokenize
+    assert evaluation["evaluate"].startswith("evaluate>=") and "onnxruntime" in evaluation
 
 
 @pytest.mark.parametrize("args, datasets", [
     (["--source", "sample:2000"], False),
     (["--source=s3://bucket/polarity/"], False),
     (["--source", "amazon_polarity"], True),
-    ([], True),  # preprocess.py's default source is a Hub dataset
+    ([], True),  # the tokenize step's default source is a Hub dataset
 ])
-def test_preprocess_needs_datasets_for_a_hub_source_only(args, datasets, tmp_path):
-    run = load_step("run")
-    assert ("datasets" in run.needed_modules("preprocess", args)) is datasets
-    assert "datasets" not in run.needed_modules("preprocess", ["--source", str(tmp_path)])  # a local folder
-    assert {"datasets", "evaluate"} <= set(run.needed_modules("evaluate", args))
+def test_tokenize_needs_datasets_for_a_hub_source_only(args, datasets, tmp_path):
+    assert ("datasets" in run.needed_modules("tokenize", args)) is datasets
+    assert "datasets" not in run.needed_modules("tokenize", ["--source", str(tmp_path)])  # a local folder
+    assert {"datasets", "evaluate"} <= set(run.needed_modules("evaluation", args))
 
 
 def test_pip_installs_within_the_constraints_from_staged_wheels_only_when_there_are_some(tmp_path):
-    run = load_step("run")
     pins = tmp_path / "pins.txt"
     online = run.pip_command(["datasets>=2.19"], pins, wheels=tmp_path / "absent")
     assert "--no-index" not in online and online[online.index("--timeout") + 1] == "20"
@@ -50,17 +49,28 @@ def test_pip_installs_within_the_constraints_from_staged_wheels_only_when_there_
 
 
 def test_pins_hold_every_version_exactly_and_changes_name_what_moved():
-    run = load_step("run")
     assert run.pins({"torch": "2.6.0+cpu", "odd-tool": "1.0-custom-build", "numpy": "1.26.4"}) == (
         "numpy==1.26.4\nodd-tool===1.0-custom-build\ntorch==2.6.0+cpu\n")
     assert run.changes({"hub": "0.30.0", "numpy": "1.26.4", "gone": "1"}, {"hub": "2.4.0", "numpy": "1.26.4"}) == [
         "gone 1 -> removed", "hub 0.30.0 -> 2.4.0"]
 
 
-def test_only_step_scripts_can_be_run_and_each_exists():
-    run = load_step("run")
-    assert all((run.HERE / f"{step}.py").is_file() for step in run.STEPS)
-    assert "reviews" not in run.STEPS and "readers" not in run.STEPS  # helpers of preprocess, not steps
+def test_only_step_packages_can_be_run_and_run_py_puts_the_package_root_on_the_path(tmp_path):
+    """Started as a file (the container's entry point, where the project is not installed), run.py puts the package's
+    root on sys.path, not its own folder (where `tokenize` would shadow the standard library's module)."""
+    import shutil
+
+    assert "deploy" not in run.steps()  # the Lambda: no __main__
+    shutil.copytree(run.HERE, tmp_path / "code" / "steps", ignore=shutil.ignore_patterns("__pycache__"))
+    script = tmp_path / "code" / "steps" / "run.py"
+    code = (f"import runpy, sys\nsys.argv, sys.path[0] = [{str(script)!r}, 'deploy'], {str(script.parent)!r}\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n    print(e)\n"
+            "import steps.contract, tokenize\nprint(steps.contract.__file__)\nprint(tokenize.__file__)\n")
+    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                           check=True).stdout.splitlines()
+    assert lines[0] == "usage: run.py STEP [ARGS...], STEP one of: evaluation, tokenize"
+    assert lines[1] == str(tmp_path / "code" / "steps" / "contract.py")  # the shipped copy, as in the container
+    assert "steps" not in Path(lines[2]).parts  # the standard library's tokenize
 
 
 def wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = (), body: str = "") -> None:
@@ -101,7 +111,7 @@ def ensure(python: Path, wheels: Path, module: str = "needed") -> subprocess.Com
             "try: run.ensure_requirements((sys.argv[3],), {sys.argv[3]: sys.argv[3]}, Path(sys.argv[2]))\n"
             "except run.StepError as e: sys.exit(f'run.py: {e}')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run([str(python), "-c", code, str(load_step("run").HERE), str(wheels), module],
+    return subprocess.run([str(python), "-c", code, str(run.HERE), str(wheels), module],
                           capture_output=True, text=True, env=env, timeout=300)
 
 

@@ -262,7 +262,7 @@ def test_neuron_environment_for_single_and_multi_node(tmp_path):
 
 def test_every_metric_definition_reads_a_number_from_the_real_log(workspace, runs):
     """SageMaker applies each regex of the TrainingStep's MetricDefinitions to the log lines train.py prints."""
-    from pipeline.contract import METRIC_DEFINITIONS, STATS_FILE, STATS_METRICS
+    from steps.contract import METRIC_DEFINITIONS, STATS_FILE, STATS_METRICS
 
     lines = runs["reference"].splitlines()
     for metric in METRIC_DEFINITIONS:

@@ -9,32 +9,27 @@ event is then given to the deploy handler by hand. Schedule and pipeline targets
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
-import zipfile
 from pathlib import Path
 from unittest import mock
 
 import pytest
-from fixtures_ml import load_step
 
 from pipeline.cli import main
-from pipeline.code import step_module
 from pipeline.config import Triggers, load_config
 from pipeline.errors import ConfigError
 from pipeline.sagemaker import triggers
 from pipeline.sagemaker.aws import AwsError
 from pipeline.sagemaker.policies import policies
-from pipeline.sagemaker.upsert import lambda_environment
+from pipeline.sagemaker.upsert import LAMBDA_HANDLER, deploy_lambda_zip, lambda_environment
+from steps.deploy import handler as deploy_step
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
 BUCKET = "test-data-bucket"
 EVENTS_ROLE = "arn:aws:iam::123456789012:role/EventBridgeStartPipeline"
 EVENT = "SageMaker Model Package State Change"
-
-deploy_step = step_module("deploy")
 
 
 def with_triggers(cfg, **values):
@@ -57,15 +52,12 @@ def aws(moto_session):
         RoleName="deploy-lambda",
         AssumeRolePolicyDocument=json.dumps(policies(cfg)["deploy-lambda-trust"]),
     )["Role"]["Arn"]
-    code = io.BytesIO()
-    with zipfile.ZipFile(code, "w") as z:
-        z.write(ROOT / "steps" / "deploy.py", "deploy.py")
     aws.client("lambda").create_function(
         FunctionName=cfg.deploy.lambda_function_name,
         Runtime="python3.12",
         Role=role,
-        Handler="deploy.lambda_handler",
-        Code={"ZipFile": code.getvalue()},
+        Handler=LAMBDA_HANDLER,
+        Code={"ZipFile": deploy_lambda_zip()},
     )
     aws.s3.create_bucket(Bucket=BUCKET)
     return aws
@@ -341,7 +333,8 @@ def test_a_data_drop_starts_one_execution_and_tokenize_reads_its_shards_only(aws
     for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="reviews/")["Contents"]:
         (staged / o["Key"].removeprefix("reviews/")).parent.mkdir(parents=True, exist_ok=True)
         s3.download_file(BUCKET, o["Key"], str(staged / o["Key"].removeprefix("reviews/")))
-    readers = load_step("readers", "readers")
+    from steps.tokenize import readers
+
     files = readers.find_files(staged)
     assert all("_SUCCESS" not in p.name for split in files.values() for p in split)
     chunks = readers.source_chunks(argparse.Namespace(source=cfg.data.source, input_dir=str(staged), seed=0))

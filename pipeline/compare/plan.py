@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from pipeline.config import S3_URI, Config
-from pipeline.contract import SPLITS
 from pipeline.dag.expressions import Context, ExpressionError
 from pipeline.dag.graph import only_step, step_references
 from pipeline.dag.parameters import resolve
@@ -22,6 +21,7 @@ from pipeline.dag.requests import RequestError, validate
 from pipeline.dag.requests import resolve as resolve_request
 from pipeline.devices import DEVICES
 from pipeline.errors import UserError
+from steps.contract import SPLITS
 
 COMPARE_TAG = "trainium-pipeline:compare"
 DEFAULT_MAX_STEPS = 1000

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from pipeline.contract import INPUT_DATA
 from pipeline.dag.graph import flatten_steps
 from pipeline.errors import UserError
+from steps.contract import INPUT_DATA
 
 CASTS: dict[str, Callable[[str], Any]] = {
     "String": str,

@@ -1,4 +1,4 @@
-"""The lifecycle's account on this machine (steps/lifecycle.py's `Account`): the SQLite registry, the staging and
+"""The lifecycle's account on this machine (steps/deploy/lifecycle.py's `Account`): the SQLite registry, the staging and
 production endpoints as detached local endpoints on their own ports (local.staging_port, local.port), the alerts file.
 
 Nothing here is ever busy: a deploy returns once the new endpoint answers (blue/green, see
@@ -12,15 +12,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipeline.code import step_module
 from pipeline.config import Config
-from pipeline.contract import APPROVED
 from pipeline.local.endpoint import EndpointStartError, read_state, start_background
 from pipeline.local.registry import ModelNotFoundError, ModelVersion, Registry
 from pipeline.local.storage import Layout
+from steps.contract import APPROVED
+from steps.deploy import endpoint_check, lifecycle
 
-lifecycle = step_module("lifecycle")
-endpoint_check = step_module("endpoint_check")
 NO_SCALING = "none (local)"
 
 

@@ -8,8 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline import contract
-from pipeline.code import bundles
+from pipeline.code import job_bundles
 from pipeline.config import Config
 from pipeline.cost import ExecutionCost
 from pipeline.dag.graph import changed_steps
@@ -25,6 +24,7 @@ from pipeline.local.runner import LocalRunner
 from pipeline.local.services import LocalServices
 from pipeline.local.storage import DEFINITION_FILE, LOCAL_ARN, RECORD_FILE, Layout
 from pipeline.records import Approval, Changes, StageView, Upserted, VersionView, changes, run_summary
+from steps import contract
 
 if TYPE_CHECKING:
     from pipeline.records import ExecutionView, OnUpdate, RunSummary
@@ -66,8 +66,8 @@ class LocalBackend:
         stored = self.layout.pipeline_definition(self.pipeline)
         report = Upserted(action="updated" if stored.exists() else "created",
                           pipeline_arn=f"{LOCAL_ARN}:pipeline/{self.pipeline.lower()}",
-                          deploy_function="local (steps/deploy.py on the local account)")
-        for bundle in bundles().values():
+                          deploy_function="local (steps/deploy/ on the local account)")
+        for bundle in job_bundles():
             for uri, data in bundle.uploads(self.cfg.s3_root).items():
                 if self.s3.path(uri).exists():
                     report.skipped.append(uri)

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.config import Prices
-from pipeline.contract import JOB_STEP_TYPES, MODEL_ARCHIVE, OUTPUT_ARCHIVE
 from pipeline.cost import NOT_INCLUDED, ExecutionCost, TrainingStats, merge_stats, stats_from_tarball
 from pipeline.dag.expressions import Context, ExpressionError, evaluate
 from pipeline.dag.graph import flatten_steps
 from pipeline.local.execution import Execution
 from pipeline.local.storage import LocalS3
 from pipeline.prices import JobCost
+from steps.contract import JOB_STEP_TYPES, MODEL_ARCHIVE, OUTPUT_ARCHIVE
 
 
 def local_costs(chosen: Execution, definition: dict, s3: LocalS3, prices: Prices) -> ExecutionCost:

@@ -21,9 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipeline.contract import APPROVAL_STATUSES, APPROVED, REJECTED, report_accuracy
 from pipeline.errors import UserError
 from pipeline.local.storage import LOCAL_ARN
+from steps.contract import APPROVAL_STATUSES, APPROVED, REJECTED, report_accuracy
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS model_package_groups (

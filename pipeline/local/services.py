@@ -1,6 +1,6 @@
 """What the pipeline's steps and the lifecycle commands call in an AWS account, played on this machine:
-CreateModelPackage into the SQLite registry, the deploy Lambda (steps/deploy.py's `step`, the same code), and the
-lifecycle of steps/lifecycle.py (approve, reject, promote, deploy) on the local account (pipeline.local.account).
+CreateModelPackage into the SQLite registry, the deploy Lambda (steps/deploy/handler.py, the same code), and the
+lifecycle of steps/deploy/lifecycle.py (approve, reject, promote, deploy) on the local account (pipeline.local.account).
 
 Every lifecycle action holds an exclusive lock on the local root (endpoints/lifecycle.lock), so concurrent commands
 (`models approve 2 --local & models approve 3 --local`) end as some serial order of them would.
@@ -13,27 +13,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pipeline.code import step_module
 from pipeline.config import Config
-from pipeline.contract import APPROVED, PENDING
+from pipeline.deploy_settings import policy
 from pipeline.errors import UserError
-from pipeline.local.account import LocalAccount, lifecycle
+from pipeline.local.account import LocalAccount
 from pipeline.local.jobs import StepFailed
 from pipeline.local.registry import Registry
 from pipeline.local.storage import Layout
-
-deploy_handler = step_module("deploy")
+from steps.contract import APPROVED, PENDING
+from steps.deploy import handler as deploy_handler
+from steps.deploy import lifecycle
 
 
 class DeployRefused(UserError, ValueError):
     """A lifecycle request that cannot be done (a version not Approved, not tested, a failed deploy): one line."""
-
-
-def policy(cfg: Config) -> Any:
-    """The lifecycle's settings from the config (the Lambda gets the same from its environment)."""
-    test = cfg.deploy.test
-    return lifecycle.Policy(auto_promote=cfg.deploy.auto_promote, test_rows=test.rows,
-                            max_accuracy_drop=test.max_accuracy_drop, p95_ms=test.p95_ms)
 
 
 class LocalServices:

@@ -7,20 +7,21 @@ import io
 import json
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pipeline import contract
-from pipeline.code import step_module
 from pipeline.config import Config
 from pipeline.cost import ExecutionCost
 from pipeline.dag.parameters import ParameterError, as_request, resolve
 from pipeline.dag.selection import RERUN, Selection, check_retry, inherit, select
+from pipeline.deploy_settings import settings
 from pipeline.errors import UserError
 from pipeline.records import Approval, Changes, StageView, VersionView, changes, run_summary
 from pipeline.sagemaker import executions, registry
 from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
 from pipeline.sagemaker.cost import sagemaker_costs
-from pipeline.sagemaker.upsert import lambda_environment, upsert
+from pipeline.sagemaker.upsert import upsert
+from steps import contract
+from steps.deploy import endpoint_check, lifecycle, sagemaker_account, sagemaker_endpoints
 
 if TYPE_CHECKING:
     from pipeline.records import ExecutionView, OnUpdate, RunSummary, Upserted
@@ -156,15 +157,12 @@ class SageMakerBackend:
         return registry.describe(self.aws, self.group, version)
 
     @cached_property
-    def account(self) -> Any:  # steps/sagemaker_account.py's SageMakerAccount
+    def account(self) -> sagemaker_account.SageMakerAccount:
         """The lifecycle's account with the deploy Lambda's settings (from the config) and this CLI's credentials."""
-        account = step_module("sagemaker_account")
-        return account.SageMakerAccount.from_boto3(account.Settings.from_env(lambda_environment(self.cfg)),
-                                                   self.aws.session)
+        return sagemaker_account.SageMakerAccount.from_boto3(settings(self.cfg), self.aws.session)
 
     def _lifecycle(self, what: str, action: Callable) -> list[dict]:
         """Run a lifecycle action with this CLI's credentials (the deploy Lambda does the same on events)."""
-        lifecycle = step_module("lifecycle")
         try:
             with explained(what):
                 return action(lifecycle.Lifecycle(self.account, self.account.settings.policy))
@@ -175,7 +173,7 @@ class SageMakerBackend:
         """Approving sends the version to staging at once (the approval rule would too: both are idempotent);
         rejecting rolls back where it was served."""
         changed = version_view(registry.set_status(self.aws, self.group, version, status, note))
-        stage = step_module("lifecycle").STAGING
+        stage = lifecycle.STAGING
         outcomes = self._lifecycle(f"reconcile the endpoints after {status.lower()} version {version}",
                                    lambda life: life.reconcile(stage) if status == contract.APPROVED
                                    else life.on_change())
@@ -190,8 +188,6 @@ class SageMakerBackend:
                                        lambda life: life.promote(version)))
 
     def endpoints(self) -> list[StageView]:
-        lifecycle, check = step_module("lifecycle"), step_module("endpoint_check")
-        endpoints = step_module("sagemaker_endpoints")
         views = []
         with explained("describe the staging and production endpoints"):
             for stage in lifecycle.STAGES:
@@ -200,13 +196,13 @@ class SageMakerBackend:
                 scaling = "none (staging)"
                 if stage == lifecycle.PRODUCTION:
                     targets = self.aws.client("application-autoscaling").describe_scalable_targets(
-                        ServiceNamespace="sagemaker", ResourceIds=[endpoints.scaling_resource(endpoint.name)],
-                        ScalableDimension=endpoints.DIMENSION)["ScalableTargets"]
+                        ServiceNamespace="sagemaker", ResourceIds=[sagemaker_endpoints.scaling_resource(endpoint.name)],
+                        ScalableDimension=sagemaker_endpoints.DIMENSION)["ScalableTargets"]
                     scaling = (f"{targets[0]['MinCapacity']}-{targets[0]['MaxCapacity']} instances" if targets
                                else "not applied yet")
                 views.append(StageView(stage, endpoint.name, endpoint.version, endpoint.status or "absent",
                                        str(endpoint.instances or 0), scaling,
-                                       check.last_test(served.metadata) if served else "-", endpoint.where))
+                                       endpoint_check.last_test(served.metadata) if served else "-", endpoint.where))
         return views
 
     def serve(self, version: int | None, port: int | None, on_ready: Callable[[str, VersionView], None]) -> None:

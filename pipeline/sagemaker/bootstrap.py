@@ -83,7 +83,7 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
         if value != value.lower() or len(value) > most:
             raise BootstrapError(
                 f"{key}={value!r}: expected lowercase and at most {most} characters (IAM matches the ARNs that "
-                f"SageMaker spells in lowercase case-sensitively, and steps/deploy.py trims names to 63)"
+                f"SageMaker spells in lowercase case-sensitively, and steps/deploy/handler.py trims names to 63)"
             )
     if not bucket and len(f"{cfg.pipeline.name}-123456789012-{cfg.aws.region}") > 63:
         raise BootstrapError(

@@ -7,10 +7,10 @@ from __future__ import annotations
 from botocore.exceptions import ClientError
 
 from pipeline.config import Prices
-from pipeline.contract import OUTPUT_ARCHIVE, job_output
 from pipeline.cost import NOT_INCLUDED, ExecutionCost, TrainingStats, merge_stats, stats_from_tarball
 from pipeline.prices import JobCost, processing_job_cost, training_job_cost
 from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
+from steps.contract import OUTPUT_ARCHIVE, job_output
 
 
 def output_tarball_uri(described: dict) -> str:

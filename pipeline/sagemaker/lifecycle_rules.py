@@ -5,7 +5,7 @@ topic (as a JSON object: one readable line, then the event)."""
 from __future__ import annotations
 
 from pipeline.config import Config
-from pipeline.contract import MODEL_PACKAGE_EVENT, PENDING, REJECTED
+from steps.contract import MODEL_PACKAGE_EVENT, PENDING, REJECTED
 
 DEPLOY_TARGET_ID = "deploy-lambda"
 ALERTS_TARGET_ID = "alerts-topic"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.config import Config
-from pipeline.contract import EVALUATION_OUTPUT, SAMPLE_FILE
+from steps.contract import EVALUATION_OUTPUT, SAMPLE_FILE
 
 AUTOSCALING_SLR = ("role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
                    "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pipeline.contract import APPROVAL_STATUSES
 from pipeline.sagemaker.aws import Aws, AwsError, explained
+from steps.contract import APPROVAL_STATUSES
 
 
 def _accuracy(metadata: dict[str, str] | None) -> float | str | None:

@@ -15,11 +15,11 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from pipeline.config import Config
-from pipeline.contract import APPROVED, MODEL_PACKAGE_EVENT
 from pipeline.dag.parameters import ParameterError, resolve
 from pipeline.errors import ConfigError
 from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
 from pipeline.sagemaker.lifecycle_rules import DEPLOY_TARGET_ID, LIFECYCLE_KINDS, lifecycle_rules
+from steps.contract import APPROVED, MODEL_PACKAGE_EVENT
 
 PIPELINE_TARGET_ID = "start-pipeline"
 MAX_RULE_NAME = 64
@@ -196,7 +196,7 @@ def _allow_events_to_invoke(cfg: Config, aws: Aws, rule_arn: str) -> None:
         if _code(e) == "ResourceNotFoundException":
             raise AwsError(
                 f"allow EventBridge to invoke {cfg.deploy.lambda_function_name}: the deploy Lambda does not exist "
-                f"(create it from steps/deploy.py first; deploy.lambda_function_name)"
+                f"(create it from steps/deploy/handler.py first; deploy.lambda_function_name)"
             ) from None
         raise
 

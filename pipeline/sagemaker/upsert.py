@@ -4,63 +4,32 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
-import zipfile
 from typing import Any
 
-from pipeline.code import bundles
+from pipeline.code import LAMBDA, bundles, job_bundles
 from pipeline.config import Config
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.requests import check_job_steps
+from pipeline.deploy_settings import settings
 from pipeline.records import Upserted
 from pipeline.sagemaker.aws import MAX_INLINE_DEFINITION, Aws, explained, split_s3_uri
 
 LAMBDA_RUNTIME = "python3.12"
-LAMBDA_HANDLER = "deploy.lambda_handler"
-# steps/deploy.py and the steps modules it imports: the deploy Lambda's code (tests/test_deploy.py checks the closure)
-LAMBDA_MODULES = ("deploy.py", "endpoint_check.py", "lifecycle.py", "sagemaker_account.py", "sagemaker_endpoints.py")
+LAMBDA_HANDLER = "steps.deploy.handler.lambda_handler"
 # A failed invocation (not a busy endpoint: that is "deferred", a success) is retried twice, then sent to the alerts
 # topic; an event waits at most an hour.
 EVENT_INVOKE = {"MaximumRetryAttempts": 2, "MaximumEventAgeInSeconds": 3600}
 
 
 def deploy_lambda_zip() -> bytes:
-    """The LAMBDA_MODULES of steps/ at the zip's root, reproducible (fixed time and mode)."""
-    raw = io.BytesIO()
-    files = bundles()["steps"].files
-    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in LAMBDA_MODULES:
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            archive.writestr(info, files[name])
-    return raw.getvalue()
+    """The deploy bundle (steps/deploy/ with the package's top-level modules) as a reproducible zip."""
+    return bundles()[LAMBDA].zip()
 
 
 def lambda_environment(cfg: Config) -> dict[str, str]:
-    """The deploy Lambda's settings (steps/sagemaker_account.py Settings.from_env): the config is their one source,
-    and the CLI's lifecycle commands read them from here too."""
-    deploy, test, scaling = cfg.deploy, cfg.deploy.test, cfg.deploy.autoscaling
-    variables = {
-        "MODEL_PACKAGE_GROUP": cfg.pipeline.model_package_group,
-        "ENDPOINT_NAME": deploy.endpoint_name,
-        "INSTANCE_TYPE": deploy.instance_type,
-        "INSTANCE_COUNT": str(deploy.instance_count),
-        "STAGING_ENDPOINT_NAME": deploy.staging_endpoint_name,
-        "STAGING_INSTANCE_TYPE": deploy.staging.instance_type,
-        "STAGING_INSTANCE_COUNT": str(deploy.staging.instance_count),
-        "SAGEMAKER_ROLE_ARN": cfg.aws.role_arn,
-        "AUTO_PROMOTE": str(deploy.auto_promote).lower(),
-        "TEST_ROWS": str(test.rows),
-        "TEST_MAX_ACCURACY_DROP": f"{test.max_accuracy_drop:g}",
-        "TEST_P95_MS": f"{test.p95_ms:g}",
-        "SCALING_MIN_INSTANCES": str(scaling.min_instances),
-        "SCALING_MAX_INSTANCES": str(scaling.max_instances),
-        "SCALING_TARGET_INVOCATIONS": f"{scaling.target_invocations:g}",
-    }
-    optional = {"DATA_CAPTURE_S3_URI": deploy.data_capture_s3_uri, "GUARDRAILS_ALARM": deploy.guardrails_alarm,
-                "ALERTS_TOPIC_ARN": cfg.alerts.topic_arn}
-    return variables | {key: value for key, value in optional.items() if value}
+    """The deploy Lambda's environment: the config's lifecycle settings, which its handler reads back."""
+    return settings(cfg).to_env()
 
 
 def deploy_lambda_settings(cfg: Config) -> dict:
@@ -85,7 +54,7 @@ def event_invoke_config(cfg: Config) -> dict:
 
 
 def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
-    """Create the deploy Lambda from `steps/deploy.py`, or update its code and configuration where they differ."""
+    """Create the deploy Lambda from `steps/deploy/`, or update its code and configuration where they differ."""
     if not cfg.deploy.lambda_role_arn:
         return "not managed (set deploy.lambda_role_arn to let upsert create it)"
     lam, name = aws.client("lambda"), cfg.deploy.lambda_function_name
@@ -141,7 +110,7 @@ def _put_event_invoke_config(cfg: Config, lam: Any) -> bool:
 
 def upload_code(cfg: Config, aws: Aws, report: Upserted) -> None:
     """Upload each code object unless its content-hashed key already exists."""
-    for bundle in bundles().values():
+    for bundle in job_bundles():
         for uri, data in bundle.uploads(cfg.s3_root).items():
             with explained(f"upload {uri}"):
                 if aws.object_exists(uri):

@@ -11,7 +11,6 @@ of every request.
 
 from __future__ import annotations
 
-from pipeline.contract import MAX_PAYLOAD_BYTES
 from pipeline.local.endpoint.daemon import EndpointStartError, read_state, start_background, stop_background
 from pipeline.local.endpoint.handler import (
     JSON_TYPE,
@@ -23,6 +22,7 @@ from pipeline.local.endpoint.handler import (
     serving_environment,
 )
 from pipeline.local.endpoint.server import ACCOUNT, LocalEndpoint, serve_forever
+from steps.contract import MAX_PAYLOAD_BYTES
 
 __all__ = [
     "ACCOUNT",

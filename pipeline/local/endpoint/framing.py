@@ -13,8 +13,8 @@ import time
 from email.message import Message
 from typing import BinaryIO
 
-from pipeline.contract import MAX_PAYLOAD_BYTES
 from pipeline.local.endpoint.handler import EndpointError
+from steps.contract import MAX_PAYLOAD_BYTES
 
 DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body up to this size is read and dropped, beyond it left unread
 MAX_LINE = 65536  # a chunk-size or trailer line, as http.server limits header lines

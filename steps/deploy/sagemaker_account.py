@@ -2,7 +2,8 @@
 endpoints, the labelled sample in S3 and the alerts topic. Used by the deploy Lambda and, with the same settings, by
 the CLI (`promote`, `models reject`, `endpoints`). Standard library and boto3 only.
 
-Settings come from the Lambda's environment (`Settings.from_env`), which `upsert` writes from the config:
+The Lambda reads its settings from its environment (`Settings.from_env`), which `upsert` writes from the config's
+settings (`Settings.to_env`); the CLI hands the config's settings over directly. The variables:
 ENDPOINT_NAME / INSTANCE_TYPE / INSTANCE_COUNT (production), STAGING_ENDPOINT_NAME / STAGING_INSTANCE_TYPE /
 STAGING_INSTANCE_COUNT, MODEL_PACKAGE_GROUP, SAGEMAKER_ROLE_ARN (the models' execution role), DATA_CAPTURE_S3_URI and
 GUARDRAILS_ALARM (production), SCALING_MIN_INSTANCES / SCALING_MAX_INSTANCES / SCALING_TARGET_INVOCATIONS (production
@@ -16,11 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import endpoint_check
-import lifecycle
-import sagemaker_endpoints as endpoints
+from steps.deploy import endpoint_check, lifecycle
+from steps.deploy import sagemaker_endpoints as endpoints
 
 SUBJECT_LIMIT = 99  # SNS: a subject is under 100 ASCII characters, one line
+
+
+TARGET_INVOCATIONS = 100.0  # production autoscaling's target: invocations per instance per minute
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class Settings:
     role_arn: str | None = None
     data_capture_s3_uri: str | None = None
     guardrails_alarm: str | None = None
-    scaling: tuple[int, int, float] = (1, 1, 100.0)
+    scaling: tuple[int, int, float] = (1, 1, TARGET_INVOCATIONS)  # min, max instances; invocations per instance
     topic_arn: str | None = None
     policy: lifecycle.Policy = field(default_factory=lifecycle.Policy)
 
@@ -53,24 +56,49 @@ class Settings:
                                             f"upsert to configure it")
             return value
 
+        default, first = lifecycle.Policy(), Stage("")
         try:
-            production = Stage(get("ENDPOINT_NAME"), get("INSTANCE_TYPE", endpoints.DEFAULT_INSTANCE_TYPE),
-                               int(get("INSTANCE_COUNT", "1")))
+            production = Stage(get("ENDPOINT_NAME"), get("INSTANCE_TYPE", first.instance_type),
+                               int(get("INSTANCE_COUNT", str(first.instance_count))))
             staging = Stage(get("STAGING_ENDPOINT_NAME", f"{production.endpoint}-staging"),
                             get("STAGING_INSTANCE_TYPE", production.instance_type),
-                            int(get("STAGING_INSTANCE_COUNT", "1")))
+                            int(get("STAGING_INSTANCE_COUNT", str(first.instance_count))))
             scaling = (int(get("SCALING_MIN_INSTANCES", str(production.instance_count))),
                        int(get("SCALING_MAX_INSTANCES", str(production.instance_count))),
-                       float(get("SCALING_TARGET_INVOCATIONS", "100")))
-            policy = lifecycle.Policy(auto_promote=get("AUTO_PROMOTE", "false").lower() == "true",
-                                      test_rows=int(get("TEST_ROWS", "200")),
-                                      max_accuracy_drop=float(get("TEST_MAX_ACCURACY_DROP", "0.02")),
-                                      p95_ms=float(get("TEST_P95_MS", "500")))
+                       float(get("SCALING_TARGET_INVOCATIONS", str(TARGET_INVOCATIONS))))
+            policy = lifecycle.Policy(auto_promote=get("AUTO_PROMOTE", str(default.auto_promote)).lower() == "true",
+                                      test_rows=int(get("TEST_ROWS", str(default.test_rows))),
+                                      max_accuracy_drop=float(get("TEST_MAX_ACCURACY_DROP",
+                                                                  str(default.max_accuracy_drop))),
+                                      p95_ms=float(get("TEST_P95_MS", str(default.p95_ms))))
         except ValueError as e:
             raise endpoints.DeployError(f"the deploy Lambda's environment: {e}") from None
         return cls(get("MODEL_PACKAGE_GROUP"), staging, production, env.get("SAGEMAKER_ROLE_ARN") or None,
                    env.get("DATA_CAPTURE_S3_URI") or None, env.get("GUARDRAILS_ALARM") or None, scaling,
                    env.get("ALERTS_TOPIC_ARN") or None, policy)
+
+    def to_env(self) -> dict[str, str]:
+        """The Lambda's environment that `from_env` reads back as these settings (optional ones only when set)."""
+        policy, (low, high, target) = self.policy, self.scaling
+        variables = {
+            "MODEL_PACKAGE_GROUP": self.group,
+            "ENDPOINT_NAME": self.production.endpoint,
+            "INSTANCE_TYPE": self.production.instance_type,
+            "INSTANCE_COUNT": str(self.production.instance_count),
+            "STAGING_ENDPOINT_NAME": self.staging.endpoint,
+            "STAGING_INSTANCE_TYPE": self.staging.instance_type,
+            "STAGING_INSTANCE_COUNT": str(self.staging.instance_count),
+            "AUTO_PROMOTE": str(policy.auto_promote).lower(),
+            "TEST_ROWS": str(policy.test_rows),
+            "TEST_MAX_ACCURACY_DROP": repr(float(policy.max_accuracy_drop)),
+            "TEST_P95_MS": repr(float(policy.p95_ms)),
+            "SCALING_MIN_INSTANCES": str(low),
+            "SCALING_MAX_INSTANCES": str(high),
+            "SCALING_TARGET_INVOCATIONS": repr(float(target)),
+        }
+        optional = {"SAGEMAKER_ROLE_ARN": self.role_arn, "DATA_CAPTURE_S3_URI": self.data_capture_s3_uri,
+                    "GUARDRAILS_ALARM": self.guardrails_alarm, "ALERTS_TOPIC_ARN": self.topic_arn}
+        return variables | {key: value for key, value in optional.items() if value}
 
     def stage(self, stage: str) -> Stage:
         return self.staging if stage == lifecycle.STAGING else self.production

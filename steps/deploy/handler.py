@@ -1,7 +1,7 @@
-"""The deploy Lambda (handler `deploy.lambda_handler`): the model lifecycle on AWS, driven by events.
+"""The deploy Lambda (handler `steps.deploy.handler.lambda_handler`): the model lifecycle on AWS, driven by events.
 
-Runs in the python3.12 Lambda runtime from a zip that `upsert` makes of this file and the modules it imports
-(lifecycle, endpoint_check, sagemaker_endpoints, sagemaker_account): standard library and boto3 only. Its settings
+Runs in the python3.12 Lambda runtime from a zip that `upsert` makes of this package with steps/__init__.py and the
+contract (pipeline.code's `deploy` bundle): standard library and boto3 only. Its settings
 come from the environment (sagemaker_account.Settings). Callers, each handled by lifecycle.Lifecycle:
 - the pipeline's Deploy LambdaStep, {"model_package_arn": ...} (also a direct invocation): the version must be
   Approved (else the step fails); staging is reconciled, i.e. the new version goes to the staging endpoint;
@@ -22,12 +22,9 @@ import json
 import os
 from typing import Any
 
-import lifecycle
-import sagemaker_account
-import sagemaker_endpoints
+from steps.contract import APPROVED, MODEL_PACKAGE_EVENT
+from steps.deploy import lifecycle, sagemaker_account, sagemaker_endpoints
 
-APPROVED = "Approved"
-MODEL_PACKAGE_EVENT = "SageMaker Model Package State Change"
 ENDPOINT_EVENT = "SageMaker Endpoint State Change"
 STATUS_FIELD = "ModelApprovalStatus"
 

@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-SAMPLE_FILE = "endpoint_sample.jsonl"
+from steps.contract import SAMPLE_FILE
+
 LABELS = {"negative": 0, "positive": 1}
 PREFIX = "staging_test"
 METADATA_VALUE = re.compile(r"[^\w\s.:/=+\-@]", re.UNICODE)  # what UpdateModelPackage accepts in a value

@@ -1,6 +1,6 @@
 """The model lifecycle: which version the staging and the production endpoint should serve, and getting them there.
 
-One piece of code for AWS and this machine: the deploy Lambda (steps/deploy.py, with `sagemaker_account.py`) and the
+One piece of code for AWS and this machine: the deploy Lambda (handler.py, with `sagemaker_account.py`) and the
 local backend (pipeline/local/account.py) each hand `Lifecycle` an `Account` (the registry, the two endpoints, the
 runtime client, the alerts). Standard library only.
 
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-import endpoint_check
+from steps.contract import APPROVED
+from steps.deploy import endpoint_check
 
 STAGING, PRODUCTION = "staging", "production"
 STAGES = (STAGING, PRODUCTION)
-APPROVED = "Approved"
 PASS, FAIL = "pass", "fail"
 TEST, PROMOTED = endpoint_check.PREFIX, "promoted_at"
 BUSY = ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting")

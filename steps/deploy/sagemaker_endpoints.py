@@ -13,9 +13,9 @@ import os
 import re
 from typing import Any
 
-import lifecycle
+from steps.contract import APPROVED
+from steps.deploy import lifecycle
 
-APPROVED = "Approved"
 MAX_NAME = 63
 DEFAULT_INSTANCE_TYPE = "ml.c5.xlarge"
 VARIANT = "AllTraffic"

@@ -1,7 +1,7 @@
 """The one home of the names and layouts that the pipeline, its step scripts and its readers agree on.
 
-Scripts under steps/ and training/ run inside AWS containers and cannot import this package: they keep their own
-copies of what they need, and tests/test_contract.py checks that every copy equals the value here.
+Every bundle of `steps` ships this module, so the steps and the deploy Lambda import it as `pipeline/` does.
+training/ runs from its own bundle and keeps copies of what it needs; tests/test_contract.py checks those.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ MODEL_APPROVAL_STATUS = "ModelApprovalStatus"
 SPLITS = ("train", "validation", "test")
 STATS_OUTPUT = "stats"
 TOKENIZE_OUTPUTS = (*SPLITS, STATS_OUTPUT)
+TEXT_COLUMNS = ("title", "content")  # the test split keeps each row's original text beside its tokens
 
 # The processing container's file system
 PROCESSING = "/opt/ml/processing"
@@ -41,7 +42,7 @@ OUTPUT_DIR = f"{PROCESSING}/output"
 MODEL_DIR = f"{PROCESSING}/model"
 TEST_DIR = f"{PROCESSING}/test"
 EVALUATION_DIR = f"{PROCESSING}/evaluation"
-ENTRY_POINT = "run.py"  # steps/run.py STEP: the entry point of both processing steps
+ENTRY_POINT = "steps/run.py"  # run.py STEP (tokenize, evaluation): the entry point of both processing steps
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 
 # Evaluate's report, which the gate and the registry read

@@ -42,8 +42,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-import reviews
-from csv_records import BOM, READ_BYTES, RecordBlocks
+
+from steps.tokenize import reviews
+from steps.tokenize.csv_records import BOM, READ_BYTES, RecordBlocks
 
 log = logging.getLogger("preprocess")
 

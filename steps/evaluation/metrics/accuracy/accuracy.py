@@ -1,6 +1,6 @@
 """Accuracy metric for `evaluate`, shipped with the project so it loads offline by path.
 
-    metric = evaluate.load("steps/metrics/accuracy")
+    metric = evaluate.load("steps/evaluation/metrics/accuracy")
     metric.compute(predictions=[0, 1, 1], references=[0, 1, 0])  # {"accuracy": 0.6666...}
 """
 

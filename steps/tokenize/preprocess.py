@@ -16,7 +16,9 @@ Tokenization rule (the model's fast tokenizer, no padding):
 The validation split is taken from the valid train rows: a row goes to validation when a seeded hash of its
 position in the train input is below --validation-share, so the choice does not depend on chunk sizes and the
 share is met on average (not exactly). Output: OUTPUT/{train,validation,test}/part-NNNNN.parquet with columns
-input_ids list<int32>, token_type_ids list<int8>, label int8, length int32; OUTPUT/stats/stats.json.
+input_ids list<int32>, token_type_ids list<int8>, label int8, length int32, and in the test split also the row's
+original text, title string (null without one) and content string, which the endpoint test sends as they are;
+OUTPUT/stats/stats.json.
 Everything streams in chunks, so memory does not grow with the size of the input.
 """
 
@@ -40,17 +42,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from readers import DROP_REASONS, Drops, StepError, limit_rows, source_chunks, validate
+
+from steps.contract import SPLITS, TEXT_COLUMNS
+from steps.tokenize.readers import DROP_REASONS, Drops, StepError, limit_rows, source_chunks, validate
 
 log = logging.getLogger("preprocess")
 
-SPLITS = ("train", "validation", "test")
 SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),
     ("token_type_ids", pa.list_(pa.int8())),
     ("label", pa.int8()),
     ("length", pa.int32()),
 ])
+TEST_SCHEMA = pa.schema([*SCHEMA, *(pa.field(name, pa.string()) for name in TEXT_COLUMNS)])
 ROWS_PER_SHARD = 250_000
 
 # ----------------------------------------------------------------------------------------------------------
@@ -180,6 +184,7 @@ class SplitWriter:
     folder: Path
     max_length: int
     rows_per_shard: int = ROWS_PER_SHARD
+    schema: pa.Schema = SCHEMA
     rows: int = 0
     truncated: int = 0
     shards: int = 0
@@ -213,7 +218,7 @@ class SplitWriter:
     def _open(self) -> None:
         if self._writer is not None:
             self._writer.close()
-        self._writer = pq.ParquetWriter(self.folder / f"part-{self.shards:05d}.parquet", SCHEMA)
+        self._writer = pq.ParquetWriter(self.folder / f"part-{self.shards:05d}.parquet", self.schema)
         self.shards += 1
         self._in_shard = 0
 
@@ -233,6 +238,13 @@ class SplitWriter:
         return {"rows": n, "shards": self.shards, "labels": {"0": self.labels[0], "1": self.labels[1]},
                 "token_length": pct, "truncated": self.truncated,
                 "truncated_share": round(self.truncated / n, 6) if n else 0.0}
+
+
+def with_text(table: pa.Table, kept: pa.Table) -> pa.Table:
+    """The tokenized rows with their original title and content (`kept`: the validated rows, in the same order)."""
+    for name in TEXT_COLUMNS:
+        table = table.append_column(name, kept[name].combine_chunks().cast(pa.string()))
+    return table
 
 
 @dataclass
@@ -292,7 +304,7 @@ def process_split(name: str, chunks: Iterator, encoder: Encoder, writers: dict[s
                     if len(idx):
                         writers[split].write(table.take(pa.array(idx)), truncated[idx])
             else:
-                writers[name].write(table, truncated)
+                writers[name].write(with_text(table, chunk.kept) if name == "test" else table, truncated)
         rows_in += chunk.rows
         position += chunk.parsed
         if time.perf_counter() - last_log > 30:
@@ -342,7 +354,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.output_dir)
     encoder = Encoder(args.model_id, args.max_length)
     sources = source_chunks(args)
-    writers = {s: SplitWriter(out / s, args.max_length, args.rows_per_shard) for s in SPLITS}
+    writers = {s: SplitWriter(out / s, args.max_length, args.rows_per_shard, TEST_SCHEMA if s == "test" else SCHEMA)
+               for s in SPLITS}
     stats: dict[str, Any] = {
         "source": args.source, "model_id": args.model_id, "max_length": args.max_length,
         "validation_share": args.validation_share, "seed": args.seed, "max_bad_share": args.max_bad_share,

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import shutil
 import sys
 import tarfile
@@ -57,19 +56,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import endpoint_sample
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import quality
-import serving
+
+from steps.contract import MODEL_ARCHIVE, PREDICTIONS_FILE, REPORT_FILE, SERVING_DIR, TEXT_COLUMNS
+from steps.evaluation import endpoint_sample, quality, serving
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "accuracy"
 COLUMNS = ("input_ids", "token_type_ids", "label")
-PREDICTIONS_FILE = "predictions/test.parquet"
-REPORT_FILE = "evaluation.json"
-MODEL_ARCHIVE = "model.tar.gz"  # the serving artifact, in --serving-dir
-SERVING_DIR = "/opt/ml/processing/serving"
 VARIANTS = (("onnxruntime", "int8"), ("onnxruntime", "none"), ("torch", "int8"))  # the faster ones, fastest first
 
 
@@ -123,7 +118,8 @@ def serving_handler(folder: Path) -> Any | None:
 
 
 def read_split(test_dir: Path) -> pa.Table:
-    """All Parquet shards of the split, in file-name order, with input_ids, token_type_ids and label."""
+    """All Parquet shards of the split, in file-name order, with input_ids, token_type_ids and label, and the rows'
+    original text (title, content) where every shard has it."""
     files = sorted(test_dir.glob("*.parquet")) if test_dir.is_dir() else []
     if not files:
         raise StepError(f"no Parquet files in test folder {test_dir}")
@@ -134,15 +130,16 @@ def read_split(test_dir: Path) -> pa.Table:
             missing = [c for c in ("input_ids", "label") if c not in schema.names]
             if missing:
                 raise StepError(f"{path}: missing columns {missing} (found {schema.names})")
-            table = pq.read_table(path, columns=[c for c in COLUMNS if c in schema.names])
+            table = pq.read_table(path, columns=[c for c in (*COLUMNS, *TEXT_COLUMNS) if c in schema.names])
         except (OSError, pa.ArrowException) as e:
             raise StepError(f"cannot read {path}: {type(e).__name__}: {e}") from e
         if "token_type_ids" not in table.column_names:  # single sequences: all zeros
             ids = table["input_ids"].combine_chunks()
             zeros = pa.ListArray.from_arrays(ids.offsets, pa.array(np.zeros(len(ids.values), np.int8)))
             table = table.append_column("token_type_ids", zeros)
-        tables.append(table.select(list(COLUMNS)))
-    table = pa.concat_tables(tables)
+        tables.append(table)
+    text = all(set(TEXT_COLUMNS) <= set(t.column_names) for t in tables)
+    table = pa.concat_tables([t.select([*COLUMNS, *(TEXT_COLUMNS if text else ())]) for t in tables])
     labels = table["label"].to_numpy()
     if len(table) == 0:
         raise StepError(f"test folder {test_dir} holds no rows")
@@ -225,10 +222,6 @@ def stratified_sample(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
 
 def accuracy(predictions: np.ndarray, references: np.ndarray) -> float:
     """Accuracy from the project's metric module, through the `evaluate` library."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # this file shadows the library
-    if not hasattr(sys.modules.get("evaluate", sys), "load"):
-        sys.modules.pop("evaluate", None)
     import evaluate
 
     metric = evaluate.load(str(METRIC_DIR), keep_in_memory=True)
@@ -318,7 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         sample = stratified_sample(labels, args.sample_size, args.seed)
         rows = table.take(pa.array(sample))
-        endpoint_sample.write(args.output_dir, folder, rows, labels[sample], margins[sample] > 0)  # endpoint test
+        endpoint_sample.write(args.output_dir, rows, labels[sample], margins[sample] > 0)  # endpoint test
         fp32 = margins[sample] if source != "train step" else predict(fp32_logits, rows, args.batch_size, pad_id)
         positive = labels[sample] == 1
         checked = check(fp32, margins[sample], args.min_agreement, args.seed)

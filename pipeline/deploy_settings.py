@@ -1,0 +1,31 @@
+"""The lifecycle's settings from the config, handed to steps/deploy/ as its own types: the CLI and the local account
+use them directly, and `upsert` writes them into the deploy Lambda's environment (`Settings.to_env`)."""
+
+from __future__ import annotations
+
+from pipeline.config import Config
+from steps.deploy.lifecycle import Policy
+from steps.deploy.sagemaker_account import Settings, Stage
+
+
+def policy(cfg: Config) -> Policy:
+    """Promotion and the endpoint test: deploy.auto_promote and deploy.test."""
+    test = cfg.deploy.test
+    return Policy(auto_promote=cfg.deploy.auto_promote, test_rows=test.rows, max_accuracy_drop=test.max_accuracy_drop,
+                  p95_ms=test.p95_ms)
+
+
+def settings(cfg: Config) -> Settings:
+    """Everything the deploy Lambda (and the CLI acting as it) needs to know of the config."""
+    deploy, scaling = cfg.deploy, cfg.deploy.autoscaling
+    return Settings(
+        group=cfg.pipeline.model_package_group,
+        staging=Stage(deploy.staging_endpoint_name, deploy.staging.instance_type, deploy.staging.instance_count),
+        production=Stage(deploy.endpoint_name, deploy.instance_type, deploy.instance_count),
+        role_arn=cfg.aws.role_arn,
+        data_capture_s3_uri=deploy.data_capture_s3_uri,
+        guardrails_alarm=deploy.guardrails_alarm,
+        scaling=(scaling.min_instances, scaling.max_instances, float(scaling.target_invocations)),
+        topic_arn=cfg.alerts.topic_arn,
+        policy=policy(cfg),
+    )

@@ -1,0 +1,1 @@
+"""The deploy Lambda and the model lifecycle it runs (also called directly by the CLI and the local account)."""

@@ -1,0 +1,1 @@
+"""The Tokenize step (processing container): reviews in, validated and tokenized Parquet splits out."""
