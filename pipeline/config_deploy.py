@@ -22,6 +22,8 @@ class EndpointTest(Section):
     rows: int = Field(default=200, ge=1, le=4000)
     max_accuracy_drop: float = Field(default=0.02, ge=0, le=1)  # below the evaluation's accuracy on the same rows
     p95_ms: float = Field(default=500.0, gt=0)  # latency budget of one request
+    p50_factor: float = Field(default=5.0, gt=0)  # the endpoint's p50 <= this times Evaluate's one-row time ...
+    p50_overhead_ms: float = Field(default=20.0, ge=0)  # ... plus this (HTTP, JSON, tokenizing, signing)
 
 
 class Autoscaling(Section):

@@ -97,6 +97,8 @@ class Policy:
     test_rows: int = 200
     max_accuracy_drop: float = 0.02
     p95_ms: float = 500.0
+    p50_factor: float = 5.0
+    p50_overhead_ms: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,9 @@ class Account(Protocol):
 
     def sample(self, version: Version) -> list[dict[str, Any]]:
         """The labelled rows of the version's evaluation (endpoint_check.read_sample); SampleError if missing."""
+
+    def expected(self, version: Version) -> dict[str, Any]:
+        """What its endpoint must show (endpoint_check.expectation of its environment and evaluation report)."""
 
     def alert(self, line: str, detail: dict[str, Any]) -> None: ...
 
@@ -235,6 +240,8 @@ class Lifecycle:
         try:
             result = self.account.deploy(stage, target)
         except DeployError as e:
+            self.account.set_metadata(target, {f"{stage}_deploy_failed_at": self.now(),
+                                               f"{stage}_deploy_failure": endpoint_check.clean(e)})
             return [self._outcome(stage, name, "deploy-failed", target.number,
                                   f"{stage} {name}: deploying version {target.number} failed: {e}")]
         if result["action"] in ("created", "updated"):
@@ -273,7 +280,9 @@ class Lifecycle:
         else:
             result = endpoint_check.run(self.account.runtime(STAGING), endpoint.name, rows,
                                         max_accuracy_drop=self.policy.max_accuracy_drop,
-                                        p95_budget_ms=self.policy.p95_ms)
+                                        p95_budget_ms=self.policy.p95_ms, expected=self.account.expected(version),
+                                        p50_factor=self.policy.p50_factor,
+                                        p50_overhead_ms=self.policy.p50_overhead_ms)
         values = endpoint_check.metadata(result, self.now())
         self.account.set_metadata(version, values)
         line = f"staging test of version {version.number} on {endpoint.name}: {endpoint_check.summary(result)}"
@@ -300,13 +309,15 @@ class Lifecycle:
             why = f"it failed ({test.get('reason', 'no reason recorded')})" if version.test else "it has none yet"
             raise Refused(f"version {version.number} has not passed its staging test: {why}")
         promoted_at = self.now()
-        self.account.set_metadata(version, {PROMOTED: promoted_at})
-        name = self.account.endpoint(PRODUCTION).name
-        how = "automatically after its staging test passed" if automatic else "by hand"
         promoted = Version(version.number, version.status, {**version.metadata, PROMOTED: promoted_at}, version.arn)
-        return [self._outcome(PRODUCTION, name, "promotion", version.number,
-                              f"production {name}: version {version.number} promoted {how}"),
-                *self.reconcile(PRODUCTION, promoted, "was promoted")]
+        deployed = self.reconcile(PRODUCTION, promoted, "was promoted")
+        endpoint = self.account.endpoint(PRODUCTION)
+        if endpoint.version != version.number:  # the deploy failed: the registry keeps the version that serves
+            return deployed
+        self.account.set_metadata(version, {PROMOTED: promoted_at})  # recorded once it serves (or is on its way)
+        how = "automatically after its staging test passed" if automatic else "by hand"
+        return [self._outcome(PRODUCTION, endpoint.name, "promotion", version.number,
+                              f"production {endpoint.name}: version {version.number} promoted {how}"), *deployed]
 
     def deploy(self, version: Version | int, stage: str = STAGING) -> list[dict[str, Any]]:
         """Send an Approved version (or version number) to a stage by hand (staging: tested again there)."""

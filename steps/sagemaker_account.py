@@ -65,7 +65,10 @@ class Settings:
             policy = lifecycle.Policy(auto_promote=get("AUTO_PROMOTE", "false").lower() == "true",
                                       test_rows=int(get("TEST_ROWS", "200")),
                                       max_accuracy_drop=float(get("TEST_MAX_ACCURACY_DROP", "0.02")),
-                                      p95_ms=float(get("TEST_P95_MS", "500")))
+                                      p95_ms=float(get("TEST_P95_MS", "500")),
+                                      p50_factor=float(get("TEST_P50_FACTOR", str(lifecycle.Policy.p50_factor))),
+                                      p50_overhead_ms=float(get("TEST_P50_OVERHEAD_MS",
+                                                                str(lifecycle.Policy.p50_overhead_ms))))
         except ValueError as e:
             raise endpoints.DeployError(f"the deploy Lambda's environment: {e}") from None
         return cls(get("MODEL_PACKAGE_GROUP"), staging, production, env.get("SAGEMAKER_ROLE_ARN") or None,
@@ -191,6 +194,19 @@ class SageMakerAccount:
             code = (getattr(e, "response", None) or {}).get("Error", {}).get("Code", type(e).__name__)
             raise endpoint_check.SampleError(f"{uri}: {code}") from None
         return endpoint_check.read_sample(body.splitlines(), uri)
+
+    def expected(self, version: lifecycle.Version) -> dict[str, Any]:
+        package = self.sm.describe_model_package(ModelPackageName=version.arn)
+        containers = package.get("InferenceSpecification", {}).get("Containers") or [{}]
+        report = package.get("ModelMetrics", {}).get("ModelQuality", {}).get("Statistics", {}).get("S3Uri", "")
+        evaluation: dict[str, Any] = {}
+        if report.startswith("s3://"):
+            bucket, _, key = report[5:].partition("/")
+            try:
+                evaluation = json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            except Exception:  # no report: the variant is still checked, the latency is not
+                evaluation = {}
+        return endpoint_check.expectation(containers[0].get("Environment") or {}, evaluation)
 
     def alert(self, line: str, detail: dict[str, Any]) -> None:
         """One readable line plus the JSON, to the alerts topic (when configured) and the log."""

@@ -42,6 +42,7 @@ LABELS = ("negative", "positive")
 JSON, JSONLINES, CSV, TEXT = "application/json", "application/jsonlines", "text/csv", "text/plain"
 CHARS_PER_TOKEN_CUT = 32  # texts longer than max_length * this many characters are cut between words first
 RUNTIMES, QUANTIZATIONS = ("torch", "onnxruntime"), ("none", "int8")
+CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"  # the answer's header that InvokeEndpoint returns
 PACKAGES_DIR = "code/packages"  # runtimes the image may lack, put there by the evaluation
 MICRO_BATCH = {"none": 8, "int8": 1}  # texts per forward pass (int8: one, see above; about 13% less throughput)
 # (input_ids, attention_mask | None, token_type_ids | None) -> logits: int64 [rows, width] in, float [rows, labels] out
@@ -382,10 +383,14 @@ def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Tex
     return texts
 
 
-def predict_fn(data: list[Text], model: Classifier) -> list[dict[str, Any]]:
-    """One {"label", "score"} (and "truncated": true when cut) per text, in order; over INFERENCE_MAX_TEXTS: 413."""
+def predict_fn(data: list[Text], model: Classifier, context: Any = None) -> list[dict[str, Any]]:
+    """One {"label", "score"} (and "truncated": true when cut) per text, in order; over INFERENCE_MAX_TEXTS: 413.
+    The answer says which variant served it: `inference-variant=<variant>` in its custom attributes (header
+    X-Amzn-SageMaker-Custom-Attributes, set through the model server's context; InvokeEndpoint's CustomAttributes)."""
     if len(data) > model.max_texts:
         raise InferenceError(413, "TooManyTexts", f"{len(data)} texts in one request, the limit is {model.max_texts}")
+    if context is not None and hasattr(context, "set_response_header"):
+        context.set_response_header(0, CUSTOM_ATTRIBUTES, f"inference-variant={model.variant}")
     return model(data)
 
 

@@ -33,7 +33,8 @@ def policy(cfg: Config) -> Any:
     """The lifecycle's settings from the config (the Lambda gets the same from its environment)."""
     test = cfg.deploy.test
     return lifecycle.Policy(auto_promote=cfg.deploy.auto_promote, test_rows=test.rows,
-                            max_accuracy_drop=test.max_accuracy_drop, p95_ms=test.p95_ms)
+                            max_accuracy_drop=test.max_accuracy_drop, p95_ms=test.p95_ms,
+                            p50_factor=test.p50_factor, p50_overhead_ms=test.p50_overhead_ms)
 
 
 class LocalServices:
@@ -87,6 +88,7 @@ class LocalServices:
             raise StepFailed(f"Lambda function {function_arn} has no local implementation")
         try:
             with self.lock():
+                self.step_lines += [o["line"] for o in self.account.recover()]
                 done = deploy_handler.step(self.account, self.policy, inputs["model_package_arn"])
         except (lifecycle.Refused, lifecycle.DeployError) as refused:
             raise StepFailed(str(refused)) from None
@@ -97,8 +99,9 @@ class LocalServices:
 
     def _run(self, action: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
         with self.lock():
+            recovered = self.account.recover()
             try:
-                return action(lifecycle.Lifecycle(self.account, self.policy))
+                return recovered + action(lifecycle.Lifecycle(self.account, self.policy))
             except lifecycle.Refused as e:
                 raise DeployRefused(str(e)) from None
 
@@ -120,6 +123,11 @@ class LocalServices:
     def deploy(self, number: int) -> list[dict[str, Any]]:
         """`deploy N`: to staging, tested there (then promoted if deploy.auto_promote)."""
         return self._run(lambda life: life.deploy(number))
+
+    def recover(self) -> list[dict[str, Any]]:
+        """Stop stray endpoint processes and restart dead endpoints (see LocalAccount.recover), under the lock."""
+        with self.lock():
+            return self.account.recover()
 
     def endpoint(self, stage: str) -> Any:
         return self.account.endpoint(stage)

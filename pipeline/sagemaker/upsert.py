@@ -54,6 +54,8 @@ def lambda_environment(cfg: Config) -> dict[str, str]:
         "TEST_ROWS": str(test.rows),
         "TEST_MAX_ACCURACY_DROP": f"{test.max_accuracy_drop:g}",
         "TEST_P95_MS": f"{test.p95_ms:g}",
+        "TEST_P50_FACTOR": f"{test.p50_factor:g}",
+        "TEST_P50_OVERHEAD_MS": f"{test.p50_overhead_ms:g}",
         "SCALING_MIN_INSTANCES": str(scaling.min_instances),
         "SCALING_MAX_INSTANCES": str(scaling.max_instances),
         "SCALING_TARGET_INVOCATIONS": f"{scaling.target_invocations:g}",
