@@ -12,7 +12,9 @@ Decisions (the pure functions below) read the Approved versions and the version 
   staging     the newest Approved version while it has no test result; else the version it serves while that is
               Approved; else (that version was rejected) the rollback target.
   production  the Approved version promoted last (promotion needs a passed staging test); if the version it serves is
-              no longer Approved: the rollback target, which is then marked promoted.
+              no longer Approved: the rollback target, which is marked promoted once production serves it (or
+              is being updated to it). A promotion is recorded the same way; a failed deploy records
+              <stage>_deploy_failed_at and <stage>_deploy_failure instead.
   rollback    the newest other Approved version that passed its staging test; if there is none the endpoint is left
               as it is and an alert says so.
 An endpoint being created or updated is left alone (`deferred`): the end of that update reconciles again (on AWS the
@@ -206,8 +208,6 @@ class Lifecycle:
             return [self._outcome(stage, name, action, endpoint.version, f"{stage} {name}: {decision.reason}")]
         outcomes = []
         if decision.rollback:
-            if stage == PRODUCTION:
-                self.account.set_metadata(target, {PROMOTED: self.now()})
             outcomes.append(self._outcome(stage, name, "rollback", target.number, f"{stage} {name}: {decision.reason}",
                                           rejected=endpoint.version))
         if endpoint.version == target.number:
@@ -224,7 +224,8 @@ class Lifecycle:
             line = (f"{stage} {name}: version {target.number} was sent there after version {endpoint.version}, yet "
                     f"{endpoint.version} serves (rolled back or failed); not retried: promote or deploy it again")
             return [*outcomes, self._outcome(stage, name, "deploy-failed", target.number, line)]
-        return [*outcomes, *self._deploy(stage, name, target, decision.reason)]
+        return [*outcomes, *self._deploy(stage, name, target, decision.reason,
+                                         promote=decision.rollback and stage == PRODUCTION)]
 
     def _did_not_stick(self, stage: str, target: Version, endpoint: Endpoint) -> bool:
         """Whether `target` was sent to the stage after the version it serves was, yet that one serves (both sends
@@ -236,7 +237,8 @@ class Lifecycle:
         theirs = served.metadata.get(deployed_key(stage)) if served else None
         return bool(theirs) and ours > theirs
 
-    def _deploy(self, stage: str, name: str, target: Version, reason: str) -> list[dict[str, Any]]:
+    def _deploy(self, stage: str, name: str, target: Version, reason: str,
+                promote: bool = False) -> list[dict[str, Any]]:
         try:
             result = self.account.deploy(stage, target)
         except DeployError as e:
@@ -251,6 +253,8 @@ class Lifecycle:
                                   f"{stage} {name}: version {target.number} {result['action']} ({where}): {reason}",
                                   endpoint_config_name=result.get("endpoint_config_name", ""), where=where)]
         endpoint = self.account.endpoint(stage)
+        if promote and endpoint.version == target.number:  # a rollback target: recorded once it serves
+            self.account.set_metadata(target, {PROMOTED: self.now()})
         if endpoint.version == target.number and endpoint.status == "InService":
             outcomes += self._serving(stage, endpoint, target, announce=False)
         return outcomes
