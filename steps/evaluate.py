@@ -33,8 +33,7 @@ Output OUTPUT/evaluation.json, in the model quality format SageMaker Studio show
      "dataset": {"rows", "positives", "predictions": "train step" | "this step (cpu)"},
      "check": {"sample_size", "agreement", "agreement_ci95", "min_agreement", "disagreements", "passed"},
      "inference": {"runtime": "onnxruntime" | "torch", "quantize": "int8" | "none", "variant", "reason",
-                   "accuracy", "accuracy_loss", "accuracy_loss_ci95", "p50_ms" (one row's model time; the chosen
-                   variant's, null for torch fp32),
+                   "accuracy", "accuracy_loss", "accuracy_loss_ci95", "p50_ms" (the chosen's, null for torch fp32),
                    "candidates": [{"variant", "accuracy", "accuracy_loss", "accuracy_loss_ci95", "chosen", "p50_ms"}],
                    "fp32_accuracy", "sample_fp32_accuracy", "sample_size", "tolerance",
                    "onnx": {"onnxruntime", "opset", "fused", "packages"} | null},
@@ -260,17 +259,6 @@ def candidates(args: argparse.Namespace, handler: Any | None) -> tuple[list[tupl
     return tried, "; ".join(notes + ([f"no ONNX Runtime variant: {missing}"] if missing else []))
 
 
-def one_row_p50_ms(forward: Any, rows: pa.Table, pad_id: int, count: int = 50) -> float:
-    """The median time of one row through `forward` (a one-text request's model time; the endpoint test compares
-    the endpoint's p50 with it)."""
-    times = []
-    for i in range(min(count, len(rows))):
-        started = time.perf_counter()
-        predict(forward, rows.slice(i, 1), 1, pad_id)
-        times.append((time.perf_counter() - started) * 1000)
-    return round(float(np.median(times)), 3) if times else 0.0
-
-
 def choose(scored: list[dict[str, Any]], fp32_correct: np.ndarray, tolerance: float, notes: list[str]) -> dict:
     """The "inference" section: the first scored variant within tolerance (else torch fp32), and why."""
     chosen = next((c for c in scored if c["chosen"]), {"variant": "torch-fp32"})
@@ -302,9 +290,9 @@ def score_variants(args: argparse.Namespace, handler: Any, root: Path, rows: pa.
             continue
         correct = (predict(classifier.forward, rows, classifier.micro_batch, pad_id) > 0) == positive  # as served
         loss, low, high = quality.paired_difference(fp32_correct, correct)
+        p50 = quality.median_ms(lambda i, f=classifier.forward: predict(f, rows.slice(i, 1), 1, pad_id), len(rows))
         scored.append({"variant": classifier.variant, "accuracy": float(correct.mean()), "accuracy_loss": loss,
-                       "accuracy_loss_ci95": [low, high], "chosen": high <= args.int8_tolerance,
-                       "p50_ms": one_row_p50_ms(classifier.forward, rows, pad_id)})
+                       "accuracy_loss_ci95": [low, high], "chosen": high <= args.int8_tolerance, "p50_ms": p50})
         if scored[-1]["chosen"]:
             break
     return scored, onnx or None, notes

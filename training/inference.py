@@ -42,7 +42,6 @@ LABELS = ("negative", "positive")
 JSON, JSONLINES, CSV, TEXT = "application/json", "application/jsonlines", "text/csv", "text/plain"
 CHARS_PER_TOKEN_CUT = 32  # texts longer than max_length * this many characters are cut between words first
 RUNTIMES, QUANTIZATIONS = ("torch", "onnxruntime"), ("none", "int8")
-CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"  # the answer's header that InvokeEndpoint returns
 PACKAGES_DIR = "code/packages"  # runtimes the image may lack, put there by the evaluation
 MICRO_BATCH = {"none": 8, "int8": 1}  # texts per forward pass (int8: one, see above; about 13% less throughput)
 # (input_ids, attention_mask | None, token_type_ids | None) -> logits: int64 [rows, width] in, float [rows, labels] out
@@ -98,7 +97,6 @@ def quantize_int8(model: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in favour of torchao, and still works
         from torch.ao.quantization import quantize_dynamic
-
         return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
@@ -238,7 +236,6 @@ def _labels(config: dict[str, Any]) -> tuple[str, ...]:
 def _tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, int, int]:
     """The fast tokenizer saved with the model (tokenizer.json), its length limit and its padding id."""
     from tokenizers import Tokenizer
-
     if not (model_dir / "tokenizer.json").is_file():
         raise ValueError(f"{model_dir}: expected a fast tokenizer (tokenizer.json)")
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -261,7 +258,6 @@ def _variant(model_dir: Path, runtime: str, quantize: str, threads: int) -> tupl
             raise RuntimeUnavailable(f"onnxruntime {ort.__version__} cannot load {path.name}: {e}") from e
     import torch
     from transformers import AutoModelForSequenceClassification
-
     torch.set_num_threads(threads)
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
     model = quantize_int8(model) if quantize == "int8" else model
@@ -385,12 +381,11 @@ def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Tex
 
 def predict_fn(data: list[Text], model: Classifier, context: Any = None) -> list[dict[str, Any]]:
     """One {"label", "score"} (and "truncated": true when cut) per text, in order; over INFERENCE_MAX_TEXTS: 413.
-    The answer says which variant served it: `inference-variant=<variant>` in its custom attributes (header
-    X-Amzn-SageMaker-Custom-Attributes, set through the model server's context; InvokeEndpoint's CustomAttributes)."""
+    The model server's `context` gets the variant: InvokeEndpoint's CustomAttributes `inference-variant=<variant>`."""
     if len(data) > model.max_texts:
         raise InferenceError(413, "TooManyTexts", f"{len(data)} texts in one request, the limit is {model.max_texts}")
-    if context is not None and hasattr(context, "set_response_header"):
-        context.set_response_header(0, CUSTOM_ATTRIBUTES, f"inference-variant={model.variant}")
+    if context is not None:
+        context.set_response_header(0, "X-Amzn-SageMaker-Custom-Attributes", f"inference-variant={model.variant}")
     return model(data)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import signal
 import socket
 import sys
@@ -25,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -33,51 +32,17 @@ from urllib.parse import unquote, urlsplit
 import psutil
 
 from pipeline.local.endpoint.daemon import EndpointStartError, load_state, steer_new_connections, write_state
+from pipeline.local.endpoint.draining import DRAIN_SECONDS, DrainingServer
 from pipeline.local.endpoint.framing import FramingError, read_body
 from pipeline.local.endpoint.handler import JSON_TYPE, LOG, EndpointError, LoadedModel, serving_environment
 
 READ_TIMEOUT = 60.0  # seconds: the most a request's body may take to arrive, and a connection may stay idle
-DRAIN_SECONDS = 3.0  # stopping: how long idle keep-alive connections may bring one more request (see stop)
 ACCOUNT = "000000000000"
 _INVOKE_PATH = re.compile(r"/endpoints/([^/]+)/invocations")
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(DrainingServer):
     endpoint: LocalEndpoint
-    draining = False  # stopping: every answer says `Connection: close`, idle connections close between requests
-
-    def server_activate(self) -> None:
-        super().server_activate()
-        self.connections: dict[socket.socket, bool] = {}  # open connections: whether a request is being answered
-        self.connections_lock = threading.Lock()
-
-    def track(self, connection: socket.socket, busy: bool | None) -> None:
-        """Record a connection as busy (a request read), idle (between requests) or closed (None)."""
-        with self.connections_lock:
-            if busy is None:
-                self.connections.pop(connection, None)
-            else:
-                self.connections[connection] = busy
-
-    def drain(self, timeout: float) -> None:
-        """Once no longer accepting: let each connection end after its next answer; after `timeout` close the
-        idle ones (nothing of a request read or waiting) and wait as long again for the busy ones to finish."""
-        self.draining = True
-        deadline = time.monotonic() + timeout
-        while self.connections and time.monotonic() < deadline:
-            time.sleep(0.02)
-        deadline = time.monotonic() + timeout
-        while self.connections and time.monotonic() < deadline:
-            with self.connections_lock:
-                idle = [c for c, busy in self.connections.items() if not busy and not _pending(c)]
-            for connection in idle:
-                try:
-                    connection.shutdown(socket.SHUT_RDWR)  # its handler reads end-of-file and closes it
-                except OSError:
-                    pass
-                self.track(connection, None)
-            time.sleep(0.02)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         error = sys.exc_info()[1]
@@ -85,14 +50,6 @@ class _Server(ThreadingHTTPServer):
             LOG.info("%s: connection dropped (%s)", client_address[0], type(error).__name__)
         else:
             LOG.exception("%s: request failed", client_address[0])
-
-
-def _pending(connection: socket.socket) -> bool:
-    """Whether bytes of a next request wait on `connection` (then it is not idle)."""
-    try:
-        return bool(select.select([connection], [], [], 0)[0])
-    except (OSError, ValueError):  # closed meanwhile
-        return False
 
 
 class _SharedPortServer(_Server):
