@@ -26,6 +26,8 @@ class EndpointTest(Section):
     rows: int = Field(default=POLICY.test_rows, ge=1, le=4000)
     max_accuracy_drop: float = Field(default=POLICY.max_accuracy_drop, ge=0, le=1)  # below the evaluation's accuracy
     p95_ms: float = Field(default=POLICY.p95_ms, gt=0)  # latency budget of one request
+    p50_factor: float = Field(default=POLICY.p50_factor, gt=0)  # the p50 <= this times Evaluate's one-row time ...
+    p50_overhead_ms: float = Field(default=POLICY.p50_overhead_ms, ge=0)  # ... plus this (HTTP, JSON, tokenizing)
 
 
 class Autoscaling(Section):

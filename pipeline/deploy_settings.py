@@ -12,7 +12,7 @@ def policy(cfg: Config) -> Policy:
     """Promotion and the endpoint test: deploy.auto_promote and deploy.test."""
     test = cfg.deploy.test
     return Policy(auto_promote=cfg.deploy.auto_promote, test_rows=test.rows, max_accuracy_drop=test.max_accuracy_drop,
-                  p95_ms=test.p95_ms)
+                  p95_ms=test.p95_ms, p50_factor=test.p50_factor, p50_overhead_ms=test.p50_overhead_ms)
 
 
 def settings(cfg: Config) -> Settings:

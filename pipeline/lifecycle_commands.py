@@ -50,5 +50,7 @@ def endpoints(ctx: typer.Context, local: LOCAL = False, root: ROOT = None) -> No
     """The staging and production endpoints: version served, status, instances, scaling bounds, last test."""
     target = ctx.obj.backend(local, root)
     console.print(endpoints_table(target.endpoints()))
+    for line in getattr(target, "endpoint_lines", []):  # local: what was recovered, registry mismatches
+        console.print(line, markup=False, highlight=False)
     if local:
         console.print("there is no scaling locally: each local endpoint is one process", style="dim")

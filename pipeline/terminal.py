@@ -16,7 +16,7 @@ from rich.console import Console
 
 from pipeline.backend import Backend, open_backend
 from pipeline.config import Config, load_config
-from pipeline.errors import ConfigError, Terminated, UserError
+from pipeline.errors import ConfigError, Terminated, UserError, storage_fault
 
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
@@ -76,6 +76,8 @@ def _fail(error: BaseException) -> int:
     elif isinstance(error, KeyboardInterrupt):
         line = f"interrupted ({text})" if text else "interrupted"
         code = 128 + (error.signum if isinstance(error, Terminated) else signal.SIGINT)
+    elif fault := storage_fault(error):
+        line, code = f"error: {fault}", 1
     elif isinstance(error, (UserError, OSError)):
         line, code = f"error: {text}", 1
     else:

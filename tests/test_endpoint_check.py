@@ -56,6 +56,22 @@ def test_latency_budget_and_error_answers(endpoint):
     assert check.last_test(values).startswith("fail: 10 of 10 requests got an error answer ValidationError")
 
 
+def test_p50_against_the_evaluations_one_row_time(endpoint):
+    """Within factor x Evaluate's one-row time + overhead passes; slower fails, as does an answer that reports no
+    variant (the toy handler reports none) where the version's environment names one."""
+    _, _, runtime = endpoint
+    rows, expected = sample_rows(10), {"variant": None, "p50_ms": 1000.0}
+    fine = check.run(runtime, "under-test", rows, max_accuracy_drop=0.02, p95_budget_ms=5000, expected=expected,
+                     p50_factor=5, p50_overhead_ms=20)
+    assert fine["passed"], fine["reason"]
+    expected = {"variant": "onnxruntime-int8", "p50_ms": 0.0001}
+    slow = check.run(runtime, "under-test", rows, max_accuracy_drop=0.02, p95_budget_ms=5000, expected=expected,
+                     p50_factor=5, p50_overhead_ms=0)
+    assert not slow["passed"] and re.fullmatch(r"the endpoint serves no variant reported, not the onnxruntime-int8 "
+                                               r".*; p50 latency [\d.]+ ms is over 5 times the 0.0001 ms the Evaluate "
+                                               r"step measured for onnxruntime-int8 plus 0 ms", slow["reason"])
+
+
 def test_sample_format_and_stratified_pick():
     rows = sample_rows(40)
     lines = [json.dumps(r) for r in rows]

@@ -351,6 +351,18 @@ def test_a_variant_that_cannot_run_here_falls_back_to_torch_fp32_and_says_so(
     assert "the artifact has no onnx/model-int8.onnx" in caplog.text and "serving torch fp32" in caplog.text
     assert labels(call(fallback, json.dumps(TEXTS))) == [label for label, _ in reference(model_dir, TEXTS)]
 
+    # Each answer says which variant served it (the model server's Context.set_response_header, returned by
+    # InvokeEndpoint as CustomAttributes): the endpoint test tells the fallback from what the environment names.
+    from pipeline.local.endpoint import Context
+
+    context = Context("m", str(model_dir))
+    h.predict_fn(h.input_fn(json.dumps(TEXTS[:1]), "application/json"), fallback, context)
+    attributes = context.response_headers["X-Amzn-SageMaker-Custom-Attributes"]
+    from steps.deploy import endpoint_check as check
+    assert check.served_variant({"CustomAttributes": attributes}) == "torch-fp32"
+    expected = check.expectation({"INFERENCE_RUNTIME": "onnxruntime", "INFERENCE_QUANTIZE": "int8"}, {})
+    assert expected == {"variant": "onnxruntime-int8", "p50_ms": None}
+
 
 # An image without onnxruntime: importing it fails unless the artifact's code/packages/ is on sys.path (where it is
 # then found); find_spec still answers, as transformers' availability probes need.

@@ -97,7 +97,6 @@ def quantize_int8(model: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in favour of torchao, and still works
         from torch.ao.quantization import quantize_dynamic
-
         return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
@@ -237,7 +236,6 @@ def _labels(config: dict[str, Any]) -> tuple[str, ...]:
 def _tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, int, int]:
     """The fast tokenizer saved with the model (tokenizer.json), its length limit and its padding id."""
     from tokenizers import Tokenizer
-
     if not (model_dir / "tokenizer.json").is_file():
         raise ValueError(f"{model_dir}: expected a fast tokenizer (tokenizer.json)")
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -260,7 +258,6 @@ def _variant(model_dir: Path, runtime: str, quantize: str, threads: int) -> tupl
             raise RuntimeUnavailable(f"onnxruntime {ort.__version__} cannot load {path.name}: {e}") from e
     import torch
     from transformers import AutoModelForSequenceClassification
-
     torch.set_num_threads(threads)
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
     model = quantize_int8(model) if quantize == "int8" else model
@@ -382,10 +379,13 @@ def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Tex
     return texts
 
 
-def predict_fn(data: list[Text], model: Classifier) -> list[dict[str, Any]]:
-    """One {"label", "score"} (and "truncated": true when cut) per text, in order; over INFERENCE_MAX_TEXTS: 413."""
+def predict_fn(data: list[Text], model: Classifier, context: Any = None) -> list[dict[str, Any]]:
+    """One {"label", "score"} (and "truncated": true when cut) per text, in order; over INFERENCE_MAX_TEXTS: 413.
+    The model server's `context` gets the variant: InvokeEndpoint's CustomAttributes `inference-variant=<variant>`."""
     if len(data) > model.max_texts:
         raise InferenceError(413, "TooManyTexts", f"{len(data)} texts in one request, the limit is {model.max_texts}")
+    if context is not None:
+        context.set_response_header(0, "X-Amzn-SageMaker-Custom-Attributes", f"inference-variant={model.variant}")
     return model(data)
 
 

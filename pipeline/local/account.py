@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config
-from pipeline.local.endpoint import EndpointStartError, read_state, start_background
+from pipeline.local.endpoint import EndpointStartError, read_state, start_background, supervisor
 from pipeline.local.registry import ModelNotFoundError, ModelVersion, Registry
 from pipeline.local.storage import Layout
 from steps.contract import APPROVED
@@ -73,6 +73,44 @@ class LocalAccount:
         version = int(state["version"]) if str(state.get("version") or "").isdigit() else None
         return lifecycle.Endpoint(self.names[stage], version, "InService", 1, endpoint_url(state))
 
+    def recover(self) -> list[dict[str, Any]]:
+        """Before a lifecycle action: stop the endpoint processes no state file records (left by a command killed
+        midway) and restart an endpoint whose process died; an alert for each."""
+        folder, outcomes = self.layout.endpoint_state(self.names[lifecycle.STAGING]).parent, []
+        for line in supervisor.stop_strays(folder):
+            outcomes.append(self._recovered("stray-stopped", line))
+        for stage, name in self.names.items():
+            state_file = self.layout.endpoint_state(name)
+            dead = supervisor.died(state_file)
+            if dead is None:
+                continue
+            what = f"{stage} {name}: the endpoint process (pid {dead['pid']}, version {dead.get('version')}) died"
+            try:
+                started = start_background(Path(dead["model_data"]), name, self.ports[stage], state_file,
+                                           version=dead.get("version"), environment=self._environment(dead))
+            except (EndpointStartError, KeyError) as e:
+                outcomes.append(self._recovered("restart-failed", f"{what}; restarting it failed: {e}"))
+                continue
+            count = supervisor.count_restart(state_file)
+            outcomes.append(self._recovered("restarted", f"{what}; restarted at {endpoint_url(started)} "
+                                                         f"(restart {count})"))
+        return outcomes
+
+    def _environment(self, state: dict) -> dict[str, str]:
+        """The container environment of the version an endpoint state names (none when it is not registered)."""
+        try:
+            return dict(self.registry.get(self.group, int(state.get("version")) or 0).environment)
+        except (ModelNotFoundError, TypeError, ValueError):
+            return {}
+
+    def _recovered(self, action: str, line: str) -> dict[str, Any]:
+        outcome = {"stage": "", "endpoint": "", "action": action, "version": None, "line": line}
+        self.alert(line, outcome)
+        return outcome
+
+    def restarts(self, stage: str) -> int:
+        return supervisor.restarts(self.layout.endpoint_state(self.names[stage]))
+
     def deploy(self, stage: str, version: Any) -> dict[str, Any]:
         name, state = self.names[stage], self.state(stage)
         config = f"{name}-v{version.number}"
@@ -85,6 +123,8 @@ class LocalAccount:
                                        environment=found.environment)
         except EndpointStartError as e:
             raise lifecycle.DeployError(str(e)) from None
+        finally:
+            supervisor.stop_strays(self.layout.endpoint_state(name).parent)  # one process per endpoint once done
         return {"action": "updated" if state else "created", "endpoint_config_name": config,
                 "url": endpoint_url(started)}
 
@@ -104,6 +144,10 @@ class LocalAccount:
             raise endpoint_check.SampleError(f"{path}: not found")
         with path.open(encoding="utf-8") as lines:
             return endpoint_check.read_sample(lines, str(path))
+
+    def expected(self, version: Any) -> dict[str, Any]:
+        found = self.registry.get(self.group, version.number)
+        return endpoint_check.expectation(found.environment, found.metrics)
 
     def alert(self, line: str, detail: dict[str, Any]) -> None:
         """Appended to <local root>/alerts.jsonl: {"time", "line", "detail"}; printed by the CLI."""

@@ -17,7 +17,7 @@ from pipeline.dag.selection import RERUN, Selection, Source, check_retry, inheri
 from pipeline.errors import UserError
 from pipeline.local.account import NO_SCALING, endpoint_check, lifecycle
 from pipeline.local.cost import local_costs
-from pipeline.local.endpoint import serve_forever, stop_background
+from pipeline.local.endpoint import serve_forever, supervisor
 from pipeline.local.execution import Execution, ExecutionNotFound, StepRecord
 from pipeline.local.registry import ModelVersion, Registry
 from pipeline.local.runner import LocalRunner
@@ -50,6 +50,7 @@ class LocalBackend:
         self.services = LocalServices(cfg, self.layout, self.registry)
         self.pipeline = cfg.pipeline.name
         self.group = cfg.pipeline.model_package_group
+        self.endpoint_lines: list[str] = []  # what the last `endpoints` recovered or found amiss
 
     @cached_property
     def definition(self) -> dict:
@@ -230,14 +231,31 @@ class LocalBackend:
         return changes(self.services.promote(version))
 
     def endpoints(self) -> list[StageView]:
-        views = []
+        """Each stage as it answers (an endpoint whose process died is restarted first), with its restart count
+        and, in its status, the version the registry says it should serve where that is another one."""
+        self.endpoint_lines = [o["line"] for o in self.services.recover()]
+        account, views = self.services.account, []
         for stage in lifecycle.STAGES:
             endpoint = self.services.endpoint(stage)
-            served = self.services.account.version(endpoint.version) if endpoint.version else None
+            served = account.version(endpoint.version) if endpoint.version else None
             test = endpoint_check.last_test(served.metadata) if served else "-"
-            views.append(StageView(stage, endpoint.name, endpoint.version, endpoint.status or "absent",
+            status = endpoint.status or "absent"
+            if (restarts := account.restarts(stage)):
+                status += f", {restarts} restart{'s' * (restarts > 1)}"
+            if stage == lifecycle.PRODUCTION and (expected := self._registry_production(endpoint)) is not None:
+                status += f", registry: version {expected}"
+                self.endpoint_lines.append(f"{stage} {endpoint.name}: serves version {endpoint.version or 'none'} "
+                                           f"but the registry's production version is {expected}")
+            views.append(StageView(stage, endpoint.name, endpoint.version, status,
                                    str(endpoint.instances or 0), NO_SCALING, test, endpoint.where))
         return views
+
+    def _registry_production(self, endpoint: object) -> int | None:
+        """The version promoted last in the registry when production serves another one, else None."""
+        approved = self.services.account.approved()
+        promoted = [v for v in approved if v.passed and v.metadata.get(lifecycle.PROMOTED)]
+        last = max(promoted, key=lambda v: (v.metadata[lifecycle.PROMOTED], v.number), default=None)
+        return last.number if last is not None and last.number != getattr(endpoint, "version", None) else None
 
     def serve(self, version: int | None, port: int | None, on_ready: Callable[[str, VersionView], None]) -> None:
         chosen = self.registry.get(self.group, version) if version else self.registry.latest_approved(self.group)
@@ -253,9 +271,13 @@ class LocalBackend:
         )
 
     def stop_endpoint(self) -> bool:
-        """Stop both local endpoints; False when neither was running."""
-        names = self.services.account.names
-        return any([stop_background(self.layout.endpoint_state(names[stage])) for stage in lifecycle.STAGES])
+        """Stop every endpoint process of this local root (recorded or not); False when none was running; a
+        UserError naming those that could not be stopped."""
+        with self.services.lock():
+            count, failed = supervisor.stop_all(self.layout.endpoint_state(self.cfg.deploy.endpoint_name).parent)
+        if failed:
+            raise UserError(f"could not stop {len(failed)} local endpoint process(es): {'; '.join(failed)}")
+        return count > 0
 
     def cost(self, execution: str | None) -> ExecutionCost:
         chosen = self.record(execution)

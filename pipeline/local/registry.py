@@ -12,7 +12,9 @@ runner registering a model while `models approve` runs in another shell) may use
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -50,6 +52,14 @@ CREATE TABLE IF NOT EXISTS model_packages (
     PRIMARY KEY (group_name, version)
 );
 """
+
+
+def _full(folder: Path) -> bool:
+    return os.statvfs(folder).f_bavail == 0
+
+
+def _read_only(folder: Path) -> bool:
+    return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
 
 
 class ModelNotFoundError(UserError, LookupError):
@@ -151,7 +161,10 @@ class Registry:
 
     @contextmanager
     def _transaction(self, write: bool = False) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except sqlite3.OperationalError as error:
+            raise self._storage_error(error) from error
         db.row_factory = sqlite3.Row
         try:
             if write:
@@ -159,12 +172,26 @@ class Registry:
             yield db
             if write:
                 db.execute("COMMIT")
-        except BaseException:
+        except BaseException as error:
             if db.in_transaction:
                 db.execute("ROLLBACK")
+            if isinstance(error, sqlite3.OperationalError) and (fault := self._storage_error(error)) is not error:
+                raise fault from error
             raise
         finally:
             db.close()
+
+    def _storage_error(self, error: sqlite3.OperationalError) -> OSError | sqlite3.OperationalError:
+        """SQLite's disk-full, read-only and cannot-open errors as the OSError of the registry file (its folder and
+        cause go into one line); any other error as it is."""
+        text = str(error).lower()
+        if "disk is full" in text or "disk i/o error" in text and _full(self.path.parent):
+            number = errno.ENOSPC
+        elif "readonly" in text or "unable to open" in text:
+            number = errno.EROFS if _read_only(self.path.parent) else errno.EACCES
+        else:
+            return error
+        return OSError(number, os.strerror(number), str(self.path))
 
     def create_group(self, name: str, description: str = "") -> None:
         """Create the model package group `name`; does nothing when it exists."""

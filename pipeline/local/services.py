@@ -80,6 +80,7 @@ class LocalServices:
             raise StepFailed(f"Lambda function {function_arn} has no local implementation")
         try:
             with self.lock():
+                self.step_lines += [o["line"] for o in self.account.recover()]
                 done = deploy_handler.step(self.account, self.policy, inputs["model_package_arn"])
         except (lifecycle.Refused, lifecycle.DeployError) as refused:
             raise StepFailed(str(refused)) from None
@@ -90,8 +91,9 @@ class LocalServices:
 
     def _run(self, action: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
         with self.lock():
+            recovered = self.account.recover()
             try:
-                return action(lifecycle.Lifecycle(self.account, self.policy))
+                return recovered + action(lifecycle.Lifecycle(self.account, self.policy))
             except lifecycle.Refused as e:
                 raise DeployRefused(str(e)) from None
 
@@ -113,6 +115,11 @@ class LocalServices:
     def deploy(self, number: int) -> list[dict[str, Any]]:
         """`deploy N`: to staging, tested there (then promoted if deploy.auto_promote)."""
         return self._run(lambda life: life.deploy(number))
+
+    def recover(self) -> list[dict[str, Any]]:
+        """Stop stray endpoint processes and restart dead endpoints (see LocalAccount.recover), under the lock."""
+        with self.lock():
+            return self.account.recover()
 
     def endpoint(self, stage: str) -> Any:
         return self.account.endpoint(stage)

@@ -7,6 +7,7 @@
     cache/<pipeline>/<key>.json            step caching: the properties of a job step, by its cache key
     registry.sqlite                        the model registry
     endpoints/<endpoint>.json              the state of a detached local endpoint (staging and production)
+    endpoints/<endpoint>.restarts          how many times it was restarted after its process died
     endpoints/lifecycle.lock               held by every deploy, approval, rejection, promotion: one at a time
     alerts.jsonl                           the lifecycle's alerts (what goes to the SNS topic on AWS), one per line
 """

@@ -11,7 +11,11 @@ own prediction of each row (0 negative, 1 positive).
 would) and checks:
   * no error answer (a ModelError, a refused or unreadable answer, a connection error);
   * accuracy >= the evaluation's accuracy on the same rows - max_accuracy_drop;
-  * p95 of the request latencies (measured by the caller: network and signing included) <= p95_budget_ms.
+  * p95 of the request latencies (measured by the caller: network and signing included) <= p95_budget_ms;
+  * with `expected` (`expectation()` of the version's environment and evaluation): every answer reports, in its
+    CustomAttributes (`inference-variant=<runtime>-<int8|fp32>`, set by training/inference.py), the variant that
+    INFERENCE_RUNTIME / INFERENCE_QUANTIZE name (else the handler fell back: a corrupted or unloadable variant), and
+    the p50 is at most `p50_factor` times the Evaluate step's one-row time of that variant plus `p50_overhead_ms`.
 `metadata()` flattens the result into model package metadata (keys and values in the Model Registry's alphabet).
 """
 
@@ -28,6 +32,7 @@ from steps.contract import SAMPLE_FILE
 
 LABELS = {"negative": 0, "positive": 1}
 PREFIX = "staging_test"
+VARIANT_ATTRIBUTE = "inference-variant"  # in an answer's CustomAttributes: the variant that served it
 METADATA_VALUE = re.compile(r"[^\w\s.:/=+\-@]", re.UNICODE)  # what UpdateModelPackage accepts in a value
 MAX_VALUE = 256
 
@@ -84,6 +89,27 @@ def _error(error: Exception) -> str:
     return f"{code or type(error).__name__}: {' '.join(message.split())[:160]}"
 
 
+def expectation(environment: dict[str, str], report: dict[str, Any]) -> dict[str, Any]:
+    """What the endpoint of a version must show: the variant its environment names (None without
+    INFERENCE_RUNTIME) and the Evaluate step's one-row p50 of it (None when not measured)."""
+    runtime = environment.get("INFERENCE_RUNTIME")
+    if not runtime:
+        return {"variant": None, "p50_ms": None}
+    variant = f"{runtime}-{'int8' if environment.get('INFERENCE_QUANTIZE') == 'int8' else 'fp32'}"
+    inference = report.get("inference") or {}
+    p50 = inference.get("p50_ms") if inference.get("variant") == variant else None
+    return {"variant": variant, "p50_ms": p50 if isinstance(p50, (int, float)) and p50 > 0 else None}
+
+
+def served_variant(response: dict[str, Any]) -> str | None:
+    """The variant an answer reports in its CustomAttributes (`inference-variant=...`), None without one."""
+    for part in str(response.get("CustomAttributes") or "").split(","):
+        key, _, value = part.strip().partition("=")
+        if key == VARIANT_ATTRIBUTE:
+            return value
+    return None
+
+
 def _text(row: dict[str, Any]) -> str | dict[str, str]:
     return {"text": row["text"], "text_pair": row["text_pair"]} if "text_pair" in row else row["text"]
 
@@ -104,18 +130,23 @@ def run(
     max_accuracy_drop: float,
     p95_budget_ms: float,
     clock: Callable[[], float] = time.perf_counter,
+    expected: dict[str, Any] | None = None,
+    p50_factor: float = 0.0,
+    p50_overhead_ms: float = 0.0,
 ) -> dict[str, Any]:
     """Send every row to `endpoint` through `client.invoke_endpoint` and check the answers (see the module)."""
     if not rows:
         return failed(endpoint, "no rows to send")
-    latencies, correct, errors, first_error = [], 0, 0, ""
+    latencies, correct, errors, first_error, served = [], 0, 0, "", set()
     for row in rows:
         started, problem = clock(), ""
         try:
-            body = client.invoke_endpoint(
+            response = client.invoke_endpoint(
                 EndpointName=endpoint, ContentType="application/json", Accept="application/json",
                 Body=json.dumps({"inputs": [_text(row)]}),
-            )["Body"].read()
+            )
+            body = response["Body"].read()
+            served.add(served_variant(response))
         except Exception as e:  # botocore's ClientError (ModelError, ValidationError) and connection errors
             problem = _error(e)
         latencies.append((clock() - started) * 1000)
@@ -138,6 +169,7 @@ def run(
                         f"than {max_accuracy_drop:g}")
     if p95 > p95_budget_ms:
         failures.append(f"p95 latency {p95:.1f} ms is over the budget of {p95_budget_ms:g} ms")
+    failures += _expected_failures(expected or {}, served, p50, p50_factor, p50_overhead_ms)
     reason = "; ".join(failures) or (
         f"accuracy {accuracy:.4f} (evaluation {reference:.4f}, allowed drop {max_accuracy_drop:g}), "
         f"p95 {p95:.1f} ms within {p95_budget_ms:g} ms, no error answer")
@@ -147,6 +179,22 @@ def run(
         "p50_ms": round(p50, 2), "p95_ms": round(p95, 2), "p95_budget_ms": p95_budget_ms,
         "passed": not failures, "reason": reason,
     }
+
+
+def _expected_failures(expected: dict[str, Any], served: set[str | None], p50: float, factor: float,
+                       overhead: float) -> list[str]:
+    """Where the endpoint does not serve the version's variant, or its p50 is over `factor` times the Evaluate
+    step's one-row time plus `overhead` ms (HTTP, JSON, tokenizing, signing)."""
+    failures, variant = [], expected.get("variant")
+    if variant and served and served != {variant}:
+        shown = ", ".join(sorted(v or "no variant reported" for v in served))
+        failures.append(f"the endpoint serves {shown}, not the {variant} that the version's INFERENCE_RUNTIME / "
+                        f"INFERENCE_QUANTIZE name (the handler fell back: see the endpoint's log)")
+    reference = expected.get("p50_ms")
+    if reference and factor and p50 > factor * reference + overhead:
+        failures.append(f"p50 latency {p50:.1f} ms is over {factor:g} times the {reference:g} ms the Evaluate step "
+                        f"measured for {variant} plus {overhead:g} ms")
+    return failures
 
 
 def failed(endpoint: str, reason: str) -> dict[str, Any]:

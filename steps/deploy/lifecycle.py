@@ -12,7 +12,9 @@ Decisions (the pure functions below) read the Approved versions and the version 
   staging     the newest Approved version while it has no test result; else the version it serves while that is
               Approved; else (that version was rejected) the rollback target.
   production  the Approved version promoted last (promotion needs a passed staging test); if the version it serves is
-              no longer Approved: the rollback target, which is then marked promoted.
+              no longer Approved: the rollback target, which is marked promoted once production serves it (or
+              is being updated to it). A promotion is recorded the same way; a failed deploy records
+              <stage>_deploy_failed_at and <stage>_deploy_failure instead.
   rollback    the newest other Approved version that passed its staging test; if there is none the endpoint is left
               as it is and an alert says so.
 An endpoint being created or updated is left alone (`deferred`): the end of that update reconciles again (on AWS the
@@ -97,6 +99,8 @@ class Policy:
     test_rows: int = 200
     max_accuracy_drop: float = 0.02
     p95_ms: float = 500.0
+    p50_factor: float = 5.0
+    p50_overhead_ms: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,9 @@ class Account(Protocol):
 
     def sample(self, version: Version) -> list[dict[str, Any]]:
         """The labelled rows of the version's evaluation (endpoint_check.read_sample); SampleError if missing."""
+
+    def expected(self, version: Version) -> dict[str, Any]:
+        """What its endpoint must show (endpoint_check.expectation of its environment and evaluation report)."""
 
     def alert(self, line: str, detail: dict[str, Any]) -> None: ...
 
@@ -201,8 +208,6 @@ class Lifecycle:
             return [self._outcome(stage, name, action, endpoint.version, f"{stage} {name}: {decision.reason}")]
         outcomes = []
         if decision.rollback:
-            if stage == PRODUCTION:
-                self.account.set_metadata(target, {PROMOTED: self.now()})
             outcomes.append(self._outcome(stage, name, "rollback", target.number, f"{stage} {name}: {decision.reason}",
                                           rejected=endpoint.version))
         if endpoint.version == target.number:
@@ -219,7 +224,8 @@ class Lifecycle:
             line = (f"{stage} {name}: version {target.number} was sent there after version {endpoint.version}, yet "
                     f"{endpoint.version} serves (rolled back or failed); not retried: promote or deploy it again")
             return [*outcomes, self._outcome(stage, name, "deploy-failed", target.number, line)]
-        return [*outcomes, *self._deploy(stage, name, target, decision.reason)]
+        return [*outcomes, *self._deploy(stage, name, target, decision.reason,
+                                         promote=decision.rollback and stage == PRODUCTION)]
 
     def _did_not_stick(self, stage: str, target: Version, endpoint: Endpoint) -> bool:
         """Whether `target` was sent to the stage after the version it serves was, yet that one serves (both sends
@@ -231,10 +237,13 @@ class Lifecycle:
         theirs = served.metadata.get(deployed_key(stage)) if served else None
         return bool(theirs) and ours > theirs
 
-    def _deploy(self, stage: str, name: str, target: Version, reason: str) -> list[dict[str, Any]]:
+    def _deploy(self, stage: str, name: str, target: Version, reason: str,
+                promote: bool = False) -> list[dict[str, Any]]:
         try:
             result = self.account.deploy(stage, target)
         except DeployError as e:
+            self.account.set_metadata(target, {f"{stage}_deploy_failed_at": self.now(),
+                                               f"{stage}_deploy_failure": endpoint_check.clean(e)})
             return [self._outcome(stage, name, "deploy-failed", target.number,
                                   f"{stage} {name}: deploying version {target.number} failed: {e}")]
         if result["action"] in ("created", "updated"):
@@ -244,6 +253,8 @@ class Lifecycle:
                                   f"{stage} {name}: version {target.number} {result['action']} ({where}): {reason}",
                                   endpoint_config_name=result.get("endpoint_config_name", ""), where=where)]
         endpoint = self.account.endpoint(stage)
+        if promote and endpoint.version == target.number:  # a rollback target: recorded once it serves
+            self.account.set_metadata(target, {PROMOTED: self.now()})
         if endpoint.version == target.number and endpoint.status == "InService":
             outcomes += self._serving(stage, endpoint, target, announce=False)
         return outcomes
@@ -273,7 +284,9 @@ class Lifecycle:
         else:
             result = endpoint_check.run(self.account.runtime(STAGING), endpoint.name, rows,
                                         max_accuracy_drop=self.policy.max_accuracy_drop,
-                                        p95_budget_ms=self.policy.p95_ms)
+                                        p95_budget_ms=self.policy.p95_ms, expected=self.account.expected(version),
+                                        p50_factor=self.policy.p50_factor,
+                                        p50_overhead_ms=self.policy.p50_overhead_ms)
         values = endpoint_check.metadata(result, self.now())
         self.account.set_metadata(version, values)
         line = f"staging test of version {version.number} on {endpoint.name}: {endpoint_check.summary(result)}"
@@ -300,13 +313,15 @@ class Lifecycle:
             why = f"it failed ({test.get('reason', 'no reason recorded')})" if version.test else "it has none yet"
             raise Refused(f"version {version.number} has not passed its staging test: {why}")
         promoted_at = self.now()
-        self.account.set_metadata(version, {PROMOTED: promoted_at})
-        name = self.account.endpoint(PRODUCTION).name
-        how = "automatically after its staging test passed" if automatic else "by hand"
         promoted = Version(version.number, version.status, {**version.metadata, PROMOTED: promoted_at}, version.arn)
-        return [self._outcome(PRODUCTION, name, "promotion", version.number,
-                              f"production {name}: version {version.number} promoted {how}"),
-                *self.reconcile(PRODUCTION, promoted, "was promoted")]
+        deployed = self.reconcile(PRODUCTION, promoted, "was promoted")
+        endpoint = self.account.endpoint(PRODUCTION)
+        if endpoint.version != version.number:  # the deploy failed: the registry keeps the version that serves
+            return deployed
+        self.account.set_metadata(version, {PROMOTED: promoted_at})  # recorded once it serves (or is on its way)
+        how = "automatically after its staging test passed" if automatic else "by hand"
+        return [self._outcome(PRODUCTION, endpoint.name, "promotion", version.number,
+                              f"production {endpoint.name}: version {version.number} promoted {how}"), *deployed]
 
     def deploy(self, version: Version | int, stage: str = STAGING) -> list[dict[str, Any]]:
         """Send an Approved version (or version number) to a stage by hand (staging: tested again there)."""

@@ -70,7 +70,9 @@ class Settings:
                                       test_rows=int(get("TEST_ROWS", str(default.test_rows))),
                                       max_accuracy_drop=float(get("TEST_MAX_ACCURACY_DROP",
                                                                   str(default.max_accuracy_drop))),
-                                      p95_ms=float(get("TEST_P95_MS", str(default.p95_ms))))
+                                      p95_ms=float(get("TEST_P95_MS", str(default.p95_ms))),
+                                      p50_factor=float(get("TEST_P50_FACTOR", str(default.p50_factor))),
+                                      p50_overhead_ms=float(get("TEST_P50_OVERHEAD_MS", str(default.p50_overhead_ms))))
         except ValueError as e:
             raise endpoints.DeployError(f"the deploy Lambda's environment: {e}") from None
         return cls(get("MODEL_PACKAGE_GROUP"), staging, production, env.get("SAGEMAKER_ROLE_ARN") or None,
@@ -92,6 +94,8 @@ class Settings:
             "TEST_ROWS": str(policy.test_rows),
             "TEST_MAX_ACCURACY_DROP": repr(float(policy.max_accuracy_drop)),
             "TEST_P95_MS": repr(float(policy.p95_ms)),
+            "TEST_P50_FACTOR": repr(float(policy.p50_factor)),
+            "TEST_P50_OVERHEAD_MS": repr(float(policy.p50_overhead_ms)),
             "SCALING_MIN_INSTANCES": str(low),
             "SCALING_MAX_INSTANCES": str(high),
             "SCALING_TARGET_INVOCATIONS": repr(float(target)),
@@ -219,6 +223,19 @@ class SageMakerAccount:
             code = (getattr(e, "response", None) or {}).get("Error", {}).get("Code", type(e).__name__)
             raise endpoint_check.SampleError(f"{uri}: {code}") from None
         return endpoint_check.read_sample(body.splitlines(), uri)
+
+    def expected(self, version: lifecycle.Version) -> dict[str, Any]:
+        package = self.sm.describe_model_package(ModelPackageName=version.arn)
+        containers = package.get("InferenceSpecification", {}).get("Containers") or [{}]
+        report = package.get("ModelMetrics", {}).get("ModelQuality", {}).get("Statistics", {}).get("S3Uri", "")
+        evaluation: dict[str, Any] = {}
+        if report.startswith("s3://"):
+            bucket, _, key = report[5:].partition("/")
+            try:
+                evaluation = json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            except Exception:  # no report: the variant is still checked, the latency is not
+                evaluation = {}
+        return endpoint_check.expectation(containers[0].get("Environment") or {}, evaluation)
 
     def alert(self, line: str, detail: dict[str, Any]) -> None:
         """One readable line plus the JSON, to the alerts topic (when configured) and the log."""

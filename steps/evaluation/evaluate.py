@@ -33,8 +33,8 @@ Output OUTPUT/evaluation.json, in the model quality format SageMaker Studio show
      "dataset": {"rows", "positives", "predictions": "train step" | "this step (cpu)"},
      "check": {"sample_size", "agreement", "agreement_ci95", "min_agreement", "disagreements", "passed"},
      "inference": {"runtime": "onnxruntime" | "torch", "quantize": "int8" | "none", "variant", "reason",
-                   "accuracy", "accuracy_loss", "accuracy_loss_ci95" (the chosen variant's, null for torch fp32),
-                   "candidates": [{"variant", "accuracy", "accuracy_loss", "accuracy_loss_ci95", "chosen"}],
+                   "accuracy", "accuracy_loss", "accuracy_loss_ci95", "p50_ms" (the chosen's, null for torch fp32),
+                   "candidates": [{"variant", "accuracy", "accuracy_loss", "accuracy_loss_ci95", "chosen", "p50_ms"}],
                    "fp32_accuracy", "sample_fp32_accuracy", "sample_size", "tolerance",
                    "onnx": {"onnxruntime", "opset", "fused", "packages"} | null},
      "seconds": ...}
@@ -261,7 +261,7 @@ def choose(scored: list[dict[str, Any]], fp32_correct: np.ndarray, tolerance: fl
               for c in scored]
     return {"runtime": runtime, "quantize": "int8" if bits == "int8" else "none", "variant": chosen["variant"],
             "reason": "; ".join(reason + notes) or "no variant to try",
-            **{k: chosen.get(k) for k in ("accuracy", "accuracy_loss", "accuracy_loss_ci95")},
+            **{k: chosen.get(k) for k in ("accuracy", "accuracy_loss", "accuracy_loss_ci95", "p50_ms")},
             "candidates": scored, "sample_size": len(fp32_correct),
             "sample_fp32_accuracy": float(fp32_correct.mean()), "tolerance": tolerance}
 
@@ -283,8 +283,9 @@ def score_variants(args: argparse.Namespace, handler: Any, root: Path, rows: pa.
             continue
         correct = (predict(classifier.forward, rows, classifier.micro_batch, pad_id) > 0) == positive  # as served
         loss, low, high = quality.paired_difference(fp32_correct, correct)
+        p50 = quality.median_ms(lambda i, f=classifier.forward: predict(f, rows.slice(i, 1), 1, pad_id), len(rows))
         scored.append({"variant": classifier.variant, "accuracy": float(correct.mean()), "accuracy_loss": loss,
-                       "accuracy_loss_ci95": [low, high], "chosen": high <= args.int8_tolerance})
+                       "accuracy_loss_ci95": [low, high], "chosen": high <= args.int8_tolerance, "p50_ms": p50})
         if scored[-1]["chosen"]:
             break
     return scored, onnx or None, notes

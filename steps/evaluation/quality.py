@@ -13,6 +13,8 @@ Numpy only, so it runs in any processing image.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -139,3 +141,14 @@ def paired_difference(first: np.ndarray, second: np.ndarray) -> tuple[float, flo
     center = (b2 - c2) / n2
     half = Z95 * math.sqrt(max((b2 + c2) / n2 - center**2, 0.0) / n2)
     return (b - c) / n if n else 0.0, max(-1.0, center - half), min(1.0, center + half)
+
+
+def median_ms(run: Callable[[int], object], count: int, most: int = 50) -> float:
+    """The median time of run(0), run(1), ... (at most `most` calls) in ms: Evaluate's one-row time of a serving
+    variant ("p50_ms"), which the endpoint test compares with the endpoint's p50."""
+    times = []
+    for i in range(min(count, most)):
+        started = time.perf_counter()
+        run(i)
+        times.append((time.perf_counter() - started) * 1000)
+    return round(float(np.median(times)), 3) if times else 0.0

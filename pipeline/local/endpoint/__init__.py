@@ -11,6 +11,7 @@ of every request.
 
 from __future__ import annotations
 
+from pipeline.local.endpoint import supervisor
 from pipeline.local.endpoint.daemon import EndpointStartError, read_state, start_background, stop_background
 from pipeline.local.endpoint.handler import (
     JSON_TYPE,
@@ -40,4 +41,5 @@ __all__ = [
     "serving_environment",
     "start_background",
     "stop_background",
+    "supervisor",
 ]

@@ -84,6 +84,11 @@ def _is_endpoint_process(pid: int) -> bool:
         return False  # gone, exited but not reaped, or another user's process
 
 
+def reap(pid: int) -> None:
+    """Forget `pid` as a child of this process once it has been waited for (by psutil)."""
+    _DETACHED.pop(pid, None)
+
+
 def _signal(pid: int, kill: bool = False) -> None:
     """SIGTERM (or SIGKILL) `pid`; nothing when it has exited meanwhile."""
     try:

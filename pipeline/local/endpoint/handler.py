@@ -58,8 +58,14 @@ class Context:
         self.request_headers = request_headers or {}
         self.system_properties = {"model_dir": model_dir, "gpu_id": None}
 
+        self.response_headers: dict[str, str] = {}
+
     def get_request_header(self, idx: int, key: str) -> str | None:
         return self.request_headers.get(key.lower())
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None:
+        """A header of the answer (the model server's Context.set_response_header)."""
+        self.response_headers[key] = value
 
 
 def extract_model(model_data: Path, destination: Path) -> Path:
@@ -208,12 +214,15 @@ class LoadedModel:
         return self.handlers[name](*args, *([context] if self._context[name] else []))
 
     def invoke(
-        self, body: bytes, content_type: str | None, accept: str | None, headers: dict[str, str] | None = None
+        self, body: bytes, content_type: str | None, accept: str | None, headers: dict[str, str] | None = None,
+        response_headers: dict[str, str] | None = None,
     ) -> tuple[bytes, str]:
-        """Run the handlers on one request body; returns the response body and its content type."""
+        """Run the handlers on one request body; returns the response body and its content type (and puts the
+        headers the handlers set into `response_headers`)."""
         content_type = content_type or JSON_TYPE
         accept = JSON_TYPE if not accept or accept == "*/*" else accept
         context = Context(self.name, str(self.model_dir), headers)
+        context.response_headers = response_headers if response_headers is not None else {}
         stage = "input_fn"
         try:
             with self._lock:

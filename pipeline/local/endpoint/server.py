@@ -24,12 +24,15 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import psutil
+
 from pipeline.local.endpoint.daemon import EndpointStartError, load_state, steer_new_connections, write_state
+from pipeline.local.endpoint.draining import DRAIN_SECONDS, DrainingServer
 from pipeline.local.endpoint.framing import FramingError, read_body
 from pipeline.local.endpoint.handler import JSON_TYPE, LOG, EndpointError, LoadedModel, serving_environment
 
@@ -38,8 +41,7 @@ ACCOUNT = "000000000000"
 _INVOKE_PATH = re.compile(r"/endpoints/([^/]+)/invocations")
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(DrainingServer):
     endpoint: LocalEndpoint
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -69,8 +71,20 @@ class _Handler(BaseHTTPRequestHandler):
         # Headers and body go out in two writes: with Nagle's algorithm the body of an answer on a kept-alive
         # connection would wait for the client's delayed ACK of the headers (40 ms on Linux).
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.track(self.connection, False)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, None)
+        super().finish()
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.track(self.connection, False)
 
     def parse_request(self) -> bool:
+        self.server.track(self.connection, True)  # the request line is read: answered before the connection closes
         if not super().parse_request():
             return False
         if self.request_version == "HTTP/0.9":  # a two-word request line: answered as HTTP/0.9, without headers
@@ -100,7 +114,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(
                     200,
-                    json.dumps({"status": "Healthy", "endpoint": model.name, "version": model.version}).encode(),
+                    json.dumps({"status": "Healthy", "endpoint": model.name, "version": model.version,
+                                "variant": getattr(model.model, "variant", None)}).encode(),
                     JSON_TYPE,
                     started,
                 )
@@ -132,12 +147,13 @@ class _Handler(BaseHTTPRequestHandler):
             model.acquire()
             try:
                 headers = {k.lower(): v for k, v in self.headers.items()}
+                extra: dict[str, str] = {}  # what the handler set (the variant in the custom attributes)
                 payload, content_type = model.invoke(
-                    body, self.headers.get("Content-Type"), self.headers.get("Accept"), headers
+                    body, self.headers.get("Content-Type"), self.headers.get("Accept"), headers, extra
                 )
             finally:
                 model.release()
-            extra = {"x-Amzn-Invoked-Production-Variant": "AllTraffic"} if match else {}
+            extra.update({"x-Amzn-Invoked-Production-Variant": "AllTraffic"} if match else {})
             self._send(200, payload, content_type, started, extra)
         except EndpointError as error:
             self._error(error, started)
@@ -185,7 +201,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("x-amzn-RequestId", str(uuid.uuid4()))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
-        if self.close_connection:
+        if self.close_connection or self.server.draining:
+            self.close_connection = True
             self.send_header("Connection", "close")
         LOG.info(
             "%s %s %s %d %dB %.1fms%s",
@@ -288,11 +305,13 @@ class LocalEndpoint:
         finally:
             model.release()
 
-    def stop(self) -> None:
-        """Stop serving and unload the model."""
+    def stop(self, drain: float = DRAIN_SECONDS) -> None:
+        """Stop accepting, let open connections finish (see `_Server.drain`, up to twice `drain` seconds), and
+        unload the model."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+            self._server.drain(drain)
             self._server = None
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -350,6 +369,7 @@ def serve_forever(
                     "model_data": str(Path(model_data).resolve()),
                     "version": version,
                     "status": "InService",
+                    "process_started": psutil.Process().create_time(),
                     "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 },
             )

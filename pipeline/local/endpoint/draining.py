@@ -1,0 +1,60 @@
+"""A threading HTTP server that stops without dropping a request. Its handler calls `track()` (busy once a request
+line is read, idle between requests, None once closed) and answers with `Connection: close` while `draining`;
+`drain()`, once the server no longer accepts, waits for each connection to end after its next answer, then closes
+those still idle."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from http.server import ThreadingHTTPServer
+
+DRAIN_SECONDS = 3.0  # stopping: how long idle keep-alive connections may bring one more request
+
+
+class DrainingServer(ThreadingHTTPServer):
+    daemon_threads = True
+    draining = False  # stopping: every answer says `Connection: close`, idle connections close between requests
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self.connections: dict[socket.socket, bool] = {}  # open connections: whether a request is being answered
+        self.connections_lock = threading.Lock()
+
+    def track(self, connection: socket.socket, busy: bool | None) -> None:
+        """Record a connection as busy (a request read), idle (between requests) or closed (None)."""
+        with self.connections_lock:
+            if busy is None:
+                self.connections.pop(connection, None)
+            else:
+                self.connections[connection] = busy
+
+    def drain(self, timeout: float) -> None:
+        """Once no longer accepting: let each connection end after its next answer; after `timeout` close the
+        idle ones (nothing of a request read or waiting) and wait as long again for the busy ones to finish."""
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        while self.connections and time.monotonic() < deadline:
+            time.sleep(0.02)
+        deadline = time.monotonic() + timeout
+        while self.connections and time.monotonic() < deadline:
+            with self.connections_lock:
+                idle = [c for c, busy in self.connections.items() if not busy and not _pending(c)]
+            for connection in idle:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)  # its handler reads end-of-file and closes it
+                except OSError:
+                    pass
+                self.track(connection, None)
+            time.sleep(0.02)
+
+
+
+def _pending(connection: socket.socket) -> bool:
+    """Whether bytes of a next request wait on `connection` (then it is not idle)."""
+    try:
+        return bool(select.select([connection], [], [], 0)[0])
+    except (OSError, ValueError):  # closed meanwhile
+        return False
