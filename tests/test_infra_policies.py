@@ -215,8 +215,32 @@ def test_alerts_topic_lets_only_this_pipelines_rules_publish():
     (publish,) = statements(resources["AlertsTopicPolicy"]["Properties"]["PolicyDocument"])
     assert publish["Principal"] == {"Service": "events.amazonaws.com"} and publish["Action"] == ["sns:Publish"]
     assert publish["Resource"] == [TOPIC]
-    rules = f"arn:aws:events:{REGION}:{ACCOUNT}:rule/trainium-bert-*"
-    assert publish["Condition"] == {"ArnLike": {"aws:SourceArn": rules}}
+    rule = f"arn:aws:events:{REGION}:{ACCOUNT}:rule/trainium-bert-execution-alerts"
+    assert publish["Condition"] == {"ArnLike": {"aws:SourceArn": rule}}
+
+
+@pytest.mark.parametrize("length", [20, 47, 48, 60, 200])
+def test_the_topic_lets_the_execution_alerts_rule_publish_whatever_the_pipeline_names_length(length):
+    """EventBridge publishes to SNS only where the topic policy allows the rule's ARN: the rule triggers apply
+    puts, whose name is shortened with a hash past 64 characters (pipeline names over 47)."""
+    from pipeline.sagemaker.triggers import rule_names
+
+    name = ("p" + "-long" * 60)[:length].rstrip("-")
+    config = cfg(**{"pipeline.name": name})
+    params = stack_parameters(config, bucket="my-bucket", kms=False)
+    policy = resolve(TEMPLATE["Resources"]["AlertsTopicPolicy"], params, {})
+    (publish,) = statements(policy["Properties"]["PolicyDocument"])
+    (alerts,) = [r for r in plan_rules(config) if r["Targets"][0]["Id"] == "alerts-topic"]
+    assert alerts["Name"] == rule_names(config)["execution-alerts"] and len(alerts["Name"]) <= 64
+    arn = f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{alerts['Name']}"
+    assert fnmatch.fnmatchcase(arn, publish["Condition"]["ArnLike"]["aws:SourceArn"])
+    assert re.fullmatch(r"[.\-_A-Za-z0-9]{1,64}", params["AlertsRuleName"])  # the parameter's AllowedPattern
+
+
+def plan_rules(config) -> list[dict]:
+    from pipeline.sagemaker.triggers import plan
+
+    return plan(config.model_copy(update={"alerts": config.alerts.model_copy(update={"topic_arn": TOPIC})}))
 
 
 def test_events_role_may_only_start_this_pipeline():

@@ -16,6 +16,7 @@ from pipeline.code import PROJECT_ROOT
 from pipeline.config import Config
 from pipeline.errors import UserError
 from pipeline.sagemaker.aws import explain
+from pipeline.sagemaker.triggers import rule_name
 
 TEMPLATE = PROJECT_ROOT / "infra" / "template.yaml"
 CAPABILITIES = ["CAPABILITY_IAM"]  # the roles get generated names: no CAPABILITY_NAMED_IAM
@@ -99,6 +100,7 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
         "StagingEndpointName": cfg.deploy.staging_endpoint_name,
         "AlertEmail": cfg.alerts.email or "",
         "LambdaFunctionName": cfg.deploy.lambda_function_name,
+        "AlertsRuleName": rule_name(cfg.pipeline.name, "execution-alerts"),  # the one rule the topic lets publish
         **({} if kms is None else {"UseKmsKey": "true" if kms else "false"}),
         "CheckpointExpirationDays": "30",
         "NoncurrentVersionExpirationDays": "30",
