@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import os
 import re
@@ -34,6 +35,20 @@ class Vpc(Section):
     internet: bool = True  # the subnets reach PyPI and the Hugging Face Hub (through a NAT gateway)
 
 
+@functools.cache
+def partition_of(region: str) -> str:
+    """The AWS partition of `region` (aws, aws-cn, aws-us-gov, ...) as botocore's endpoint data defines it: the one
+    source of the partition in every ARN and policy this project writes."""
+    import botocore.session
+    from botocore.exceptions import UnknownRegionError
+
+    try:
+        return botocore.session.get_session().get_partition_for_region(region)
+    except UnknownRegionError:
+        raise ValueError(f"aws.region={region!r}: expected a region of an AWS partition (botocore knows none with "
+                         f"this name)") from None
+
+
 class Aws(Section):
     region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
     role_arn: str = Field(pattern=ROLE_ARN)
@@ -47,6 +62,18 @@ class Aws(Section):
     def account(self) -> str:
         """The AWS account id, taken from the execution role ARN."""
         return self.role_arn.split(":")[4]
+
+    @property
+    def partition(self) -> str:
+        return partition_of(self.region)
+
+    @model_validator(mode="after")
+    def _role_in_the_regions_partition(self) -> Aws:
+        role_partition = self.role_arn.split(":")[1]
+        if role_partition != self.partition:
+            raise ValueError(f"aws.role_arn={self.role_arn!r}: expected an ARN of partition {self.partition} "
+                             f"(aws.region={self.region}), not {role_partition}")
+        return self
 
 
 class PipelineSettings(Section):
@@ -333,11 +360,13 @@ class Config(Section):
     @property
     def pipeline_arn(self) -> str:
         """The pipeline's ARN (SageMaker lowercases names in ARNs)."""
-        return f"arn:aws:sagemaker:{self.aws.region}:{self.aws.account}:pipeline/{self.pipeline.name.lower()}"
+        aws = self.aws
+        return f"arn:{aws.partition}:sagemaker:{aws.region}:{aws.account}:pipeline/{self.pipeline.name.lower()}"
 
     @property
     def deploy_lambda_arn(self) -> str:
-        return f"arn:aws:lambda:{self.aws.region}:{self.aws.account}:function:{self.deploy.lambda_function_name}"
+        aws = self.aws
+        return f"arn:{aws.partition}:lambda:{aws.region}:{aws.account}:function:{self.deploy.lambda_function_name}"
 
     def image(self, kind: Literal["training", "processing", "inference", "evaluation", "training_cuda"]) -> str:
         uri = getattr(self.images, kind) or (self.images.inference if kind == "evaluation" else None)

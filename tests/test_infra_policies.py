@@ -390,3 +390,35 @@ def test_the_outputs_name_config_keys_that_exist():
         assert TEMPLATE["Outputs"][output]["Description"] == key
         section, name = key.split(".")
         assert name in type(getattr(cfg(), section)).model_fields, key
+
+
+def _arns(node: Any):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _arns(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _arns(value)
+    elif isinstance(node, str) and node.startswith("arn:"):
+        yield node
+
+
+@pytest.mark.parametrize("region, partition", [("us-east-1", "aws"), ("us-gov-west-1", "aws-us-gov"),
+                                               ("cn-north-1", "aws-cn")])
+def test_every_arn_and_policy_is_in_the_partition_of_the_region(region, partition):
+    """botocore's endpoint data (endpoints.json) maps a region to its partition, as ${AWS::Partition} does in the
+    template: an arn:aws ARN in GovCloud or China names nothing there."""
+    import botocore.session
+
+    assert botocore.session.get_session().get_partition_for_region(region) == partition
+    role = f"arn:{partition}:iam::{ACCOUNT}:role/trainium-bert-bootstrap-ExecutionRole-ABC"
+    config = load_config(ROOT / "pipeline.yaml", [f"aws.region={region}", f"aws.role_arn={role}",
+                                                  f"aws.bucket={BUCKET}", "aws.kms_key_id=1234abcd"], environ={})
+    from pipeline.sagemaker.policies import alerts_topic_arn, kms_key_arn
+
+    arns = [config.pipeline_arn, config.deploy_lambda_arn, alerts_topic_arn(config), kms_key_arn(config),
+            *_arns(policies(config))]
+    assert len(arns) > 15 and all(arn.startswith(f"arn:{partition}:") for arn in arns), arns
+    with pytest.raises(Exception, match=f"expected an ARN of partition {partition}"):
+        load_config(ROOT / "pipeline.yaml", [f"aws.region={region}", f"aws.role_arn={ROLE.replace('aws', 'aws-x')}",
+                                             f"aws.bucket={BUCKET}"], environ={})
