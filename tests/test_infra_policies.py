@@ -287,6 +287,9 @@ RUNTIME_ACTIONS = {
     "ecr:GetAuthorizationToken", "ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
     "logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents",
     "cloudwatch:PutMetricData",
+    # the endpoints' models run as this role: the deployment guardrails docs ("Auto-Rollback Configuration and
+    # Monitoring") ask it for cloudwatch:DescribeAlarms on the auto-rollback alarms (deploy.guardrails_alarm)
+    "cloudwatch:DescribeAlarms",
 }
 KMS_ACTIONS = {"kms:CreateGrant", "kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey"}
 
@@ -358,6 +361,8 @@ def test_execution_role_grants_what_the_steps_need_and_nothing_beyond(kms):
             assert set(s["Action"]) <= STAR_ACTIONS, s
             if "cloudwatch:PutMetricData" in s["Action"]:
                 assert s["Condition"] == {"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/*"}}
+    alarm = f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:{config.deploy.guardrails_alarm or 'trainium-bert-5xx'}"
+    assert _allowed(document, "cloudwatch:DescribeAlarms", alarm)
     kms_statements = [s for s in statements(document) if set(s["Action"]) & KMS_ACTIONS]
     assert [s["Resource"] for s in kms_statements] == ([[KEY]] if kms else [])
 
