@@ -89,8 +89,10 @@ def _version(package: dict) -> lifecycle.Version:
 
 
 def subject(line: str) -> str:
-    """An SNS subject: the line's first sentence, ASCII, at most 99 characters."""
-    text = line.encode("ascii", "replace").decode()
+    """An SNS subject (Publish: no line breaks or control characters, under 100 characters; printable ASCII, as
+    e-mail subjects want): the line's runs of whitespace and control characters as one space, at most 99."""
+    text = " ".join("".join(c if " " <= c <= "~" else "?" if c.isprintable() else " " for c in line).split())
+    text = text or "alert"
     return text if len(text) <= SUBJECT_LIMIT else text[: SUBJECT_LIMIT - 3] + "..."
 
 

@@ -349,3 +349,27 @@ def test_the_deploy_step_refuses_a_version_that_is_not_approved_and_fails_on_a_f
         world.register()
         world.approve(2)
         world.handle({"model_package_arn": arn.replace("/1", "/2")})
+
+
+def sns_subject_ok(subject: str) -> bool:
+    """SNS Publish's Subject (botocore's model: "no line breaks or control characters, and less than 100 characters
+    long"; the SNS guide: ASCII text beginning with a letter, number or punctuation mark)."""
+    return bool(re.fullmatch(r"[!-~][ -~]{0,98}", subject))
+
+
+def test_an_alert_subject_from_a_multi_line_failure_reason_is_one_printable_line(world):
+    """A FailureReason or an exception text with line breaks, tabs, control or non-ASCII characters made a Subject
+    that SNS rejects: the FAILED event's alert failed the invocation."""
+    world.register()
+    world.handle(world.approve(1))
+    reason = ("ClientError: Please ensure the model artifact is valid.\r\nTraceback (most recent call last):\n\t"
+              "File \"inference.py\"\x07, line 3 \u2014 caf\u00e9 " + "x" * 120)
+    world.sm._endpoints[STAGING].failure_reason = reason
+    result = world.handle(world.sm.finish(STAGING, "FAILED"))
+    assert actions(result) == [("staging", "deploy-failed", None)]
+    (subject, message), = world.alerts()
+    assert sns_subject_ok(subject), repr(subject)
+    assert subject.startswith("staging trainium-bert-staging failed: ClientError: Please ensure the model artifact "
+                              "is valid. Tr") and subject.endswith("...") and len(subject) == 99
+    assert message.startswith(f"staging trainium-bert-staging failed: {reason}\n")  # the message keeps it whole
+    assert [account_module.subject(s) for s in ("\n\t", "\u00e9t\u00e9")] == ["alert", "?t?"]
