@@ -373,3 +373,18 @@ def test_an_alert_subject_from_a_multi_line_failure_reason_is_one_printable_line
                               "is valid. Tr") and subject.endswith("...") and len(subject) == 99
     assert message.startswith(f"staging trainium-bert-staging failed: {reason}\n")  # the message keeps it whole
     assert [account_module.subject(s) for s in ("\n\t", "\u00e9t\u00e9")] == ["alert", "?t?"]
+
+
+def test_deploy_n_tests_again_a_version_tested_before_once_its_update_is_in_service(world):
+    """`deploy N`'s help says it tests the version on staging; on AWS the update ends later, and the InService event
+    saw the old result in the registry and tested nothing (locally the test ran at once)."""
+    life = promoted_twice(world)  # versions 1 and 2 tested (pass); staging serves 2
+    first = world.metadata(1)["staging_test_at"]
+    outcomes = life.deploy(1)
+    assert [(o["stage"], o["action"], o["version"]) for o in outcomes] == [("staging", "updated", 1)]
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result) == [("staging", "unchanged", 1), ("staging", "test", 1)]
+    assert world.metadata(1)["staging_test_at"] > first and world.metadata(1)["staging_test"] == "pass"
+    assert actions(world.handle(world.sm.finish(STAGING))) == [("staging", "unchanged", 1)]  # once: not again
+    outcomes = life.deploy(1)  # staging serves it already: the test runs at once, as locally
+    assert [o["action"] for o in outcomes] == ["unchanged", "test"]
