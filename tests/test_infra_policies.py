@@ -191,19 +191,23 @@ def test_deploy_lambda_role_grants_exactly_what_its_code_calls():
     sample = f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/evaluation/endpoint_sample.jsonl"
     assert _allowed(document, "s3:GetObject", sample)
     assert not _allowed(document, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/x.csv")
+    marker = f"arn:aws:s3:::{BUCKET}/trainium-bert/lifecycle-markers/events/0123abcd"
+    assert _allowed(document, "s3:PutObject", marker) and _allowed(document, "s3:DeleteObject", marker)
+    assert not _allowed(document, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/x.csv")
     printed = {s["Sid"]: s for s in policies(config)["deploy-lambda-role"]["Statement"]}
     assert _allowed(document, "sns:Publish", TOPIC) and printed["Alerts"]["Resource"] == [TOPIC]
     (scaling,) = [s for s in statements(document) if "application-autoscaling:PutScalingPolicy" in s["Action"]]
     assert scaling["Condition"]["StringEquals"]["application-autoscaling:service-namespace"] == "sagemaker"
 
 
-def test_deploy_lambda_reads_the_sample_through_the_kms_key():
+def test_deploy_lambda_reads_the_sample_and_writes_its_markers_through_the_kms_key():
     (policy,) = [r for r in rendered(kms=True).values() if r["Type"] == "AWS::IAM::Policy"
                  and r["Properties"]["PolicyName"] == "deploy-lambda-kms"]
-    (decrypt,) = statements(policy["Properties"]["PolicyDocument"])
-    assert decrypt["Action"] == ["kms:Decrypt"] and decrypt["Resource"] == [KEY]
+    (use,) = statements(policy["Properties"]["PolicyDocument"])
+    assert use["Action"] == ["kms:Decrypt", "kms:GenerateDataKey"] and use["Resource"] == [KEY]
     printed = statements(policies(cfg(**{"aws.kms_key_id": KEY}))["deploy-lambda-role"])
-    assert {"Sid": "ReadEncryptedSample", "Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": [KEY]} in printed
+    assert {"Sid": "EncryptedObjects", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+            "Resource": [KEY]} in printed
 
 
 def test_alerts_topic_lets_only_this_pipelines_rules_publish():

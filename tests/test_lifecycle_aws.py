@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import boto3
@@ -76,20 +78,25 @@ class Service:
         endpoint = self._endpoints[name]
         endpoint.endpoint_config_name = self._pending.pop(name, endpoint.endpoint_config_name)
         endpoint.endpoint_status = "InService" if status == "IN_SERVICE" else "Failed"
-        return {"version": "0", "source": "aws.sagemaker", "detail-type": deploy.ENDPOINT_EVENT,
-                "resources": [endpoint.arn],
+        return {"version": "0", "id": str(uuid.uuid4()), "source": "aws.sagemaker",
+                "detail-type": deploy.ENDPOINT_EVENT, "resources": [endpoint.arn],
                 "detail": {"EndpointName": name, "EndpointArn": endpoint.arn, "EndpointStatus": status,
-                           "EndpointConfigName": endpoint.endpoint_config_name}}
+                           "EndpointConfigName": endpoint.endpoint_config_name, "LastModifiedTime": changed_at()}}
 
 
 def package_event(version: int, status: str, updated: list[str] | None = None) -> dict:
     arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/{GROUP}/{version}"
     detail = {"ModelPackageGroupName": GROUP, "ModelPackageVersion": version, "ModelPackageArn": arn,
-              "ModelApprovalStatus": status, "ModelPackageStatus": "Completed"}
+              "ModelApprovalStatus": status, "ModelPackageStatus": "Completed", "LastModifiedTime": changed_at()}
     if updated is not None:
         detail["UpdatedModelPackageFields"] = updated
-    return {"version": "0", "source": "aws.sagemaker", "detail-type": deploy.MODEL_PACKAGE_EVENT,
-            "resources": [arn], "detail": detail}
+    return {"version": "0", "id": str(uuid.uuid4()), "source": "aws.sagemaker",
+            "detail-type": deploy.MODEL_PACKAGE_EVENT, "resources": [arn], "detail": detail}
+
+
+def changed_at() -> str:
+    """When a resource changed (the LastModifiedTime of a state change event): each change its own."""
+    return datetime.now(timezone.utc).isoformat()
 
 
 @pytest.fixture(scope="module")
@@ -388,3 +395,59 @@ def test_deploy_n_tests_again_a_version_tested_before_once_its_update_is_in_serv
     assert actions(world.handle(world.sm.finish(STAGING))) == [("staging", "unchanged", 1)]  # once: not again
     outcomes = life.deploy(1)  # staging serves it already: the test runs at once, as locally
     assert [o["action"] for o in outcomes] == ["unchanged", "test"]
+
+
+def test_a_state_change_delivered_twice_is_handled_once_even_while_the_first_delivery_runs(world):
+    """SageMaker may send several events per state change ("Events that Amazon SageMaker AI sends to Amazon
+    EventBridge"): the second, arriving while the first invocation tests staging, must not test it again."""
+    world.register()
+    world.handle(world.approve(1))
+    event = world.sm.finish(STAGING)
+    twin = {**event, "id": str(uuid.uuid4())}  # another event about the same change
+    sample, inner, started = world.account.sample, [], []
+
+    def sample_while_the_twin_arrives(version):
+        if not started:
+            started.append(True)
+            inner.append(world.handle(twin))
+        return sample(version)
+
+    world.account.sample = sample_while_the_twin_arrives
+    result = world.handle(event)
+    assert actions(result) == [("staging", "unchanged", 1), ("staging", "test", 1)]
+    assert inner[0]["action"] == "ignored" and inner[0]["reason"].startswith("a duplicate: this state change")
+    assert len(world.alerts()) == 1  # one test, one alert
+    assert world.handle({**event, "id": str(uuid.uuid4())})["action"] == "ignored"  # a later duplicate too
+
+
+def test_a_failed_invocation_releases_its_state_change_for_the_retry(world):
+    world.register()
+    event = world.approve(1)
+    endpoint = world.account.endpoint
+    world.account.endpoint = lambda stage: (_ for _ in ()).throw(ClientError(
+        {"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "DescribeEndpoint"))
+    with pytest.raises(ClientError, match="Rate exceeded"):
+        world.handle(event)
+    world.account.endpoint = endpoint
+    assert actions(world.handle(event)) == [("staging", "created", 1)]  # Lambda's retry of the same event
+
+
+def test_concurrent_metadata_writes_are_merged_not_lost(world):
+    """UpdateModelPackage replaces the map from a read (it has no condition): a write between our read and our write
+    was lost. Each write now claims the next revision of what it read, and a writer that lost the claim reads again."""
+    world.register()
+    account, version = world.account, world.account.version(1)
+    interleaved: list[bool] = []
+
+    def describe_then_another_writer(**kwargs):
+        answer = world.sm._client.describe_model_package(**kwargs)
+        if not interleaved:
+            interleaved.append(True)
+            account.set_metadata(version, {"promoted_at": "2026-12-04T10:00:00.000000Z"})  # e.g. `promote 1`
+        return answer
+
+    world.sm.describe_model_package = describe_then_another_writer
+    account.set_metadata(version, {"staging_test": "pass"})  # e.g. the Lambda's endpoint test, read before
+    metadata = world.metadata(1)
+    assert metadata["promoted_at"] == "2026-12-04T10:00:00.000000Z" and metadata["staging_test"] == "pass"
+    assert metadata["kind"] == "good" and metadata[account_module.REVISION] == "2"

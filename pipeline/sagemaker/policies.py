@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pipeline.config import Config
 from pipeline.contract import EVALUATION_OUTPUT, SAMPLE_FILE
+from pipeline.sagemaker.upsert import MARKERS
 
 AUTOSCALING_SLR = ("role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
                    "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
@@ -75,6 +76,12 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Action": ["s3:GetObject"],
                 "Resource": [f"{arn}:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{sample}"],
             },
+            {  # markers created only where absent: the events handled, the metadata revisions claimed
+                "Sid": "LifecycleMarkers",
+                "Effect": "Allow",
+                "Action": ["s3:PutObject", "s3:DeleteObject"],
+                "Resource": [f"{arn}:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{MARKERS}/*"],
+            },
             {  # what Application Auto Scaling checks that its caller may do to the variant (beside Describe*)
                 "Sid": "ScaledEndpoint",
                 "Effect": "Allow",
@@ -125,9 +132,9 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Resource": [f"{arn}:cloudwatch:{region}:{account}:alarm:*"],
             },
             *([{
-                "Sid": "ReadEncryptedSample",
+                "Sid": "EncryptedObjects",
                 "Effect": "Allow",
-                "Action": ["kms:Decrypt"],
+                "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
                 "Resource": [kms_key_arn(cfg)],
             }] if cfg.aws.kms_key_id else []),
             {

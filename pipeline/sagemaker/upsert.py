@@ -23,6 +23,10 @@ LAMBDA_MODULES = ("deploy.py", "endpoint_check.py", "lifecycle.py", "sagemaker_a
 # A failed invocation (not a busy endpoint: that is "deferred", a success) is retried twice, then sent to the alerts
 # topic; an event waits at most an hour.
 EVENT_INVOKE = {"MaximumRetryAttempts": 2, "MaximumEventAgeInSeconds": 3600}
+# One invocation at a time: events are handled in turn (no two endpoint tests on one staging endpoint, no interleaved
+# registry writes); a throttled event waits in Lambda's queue, a throttled Deploy step is retried by Pipelines.
+RESERVED_CONCURRENCY = 1
+MARKERS = "lifecycle-markers"  # under s3_root: the deploy Lambda's handled events and metadata revisions
 
 
 def deploy_lambda_zip() -> bytes:
@@ -57,6 +61,7 @@ def lambda_environment(cfg: Config) -> dict[str, str]:
         "SCALING_MIN_INSTANCES": str(scaling.min_instances),
         "SCALING_MAX_INSTANCES": str(scaling.max_instances),
         "SCALING_TARGET_INVOCATIONS": f"{scaling.target_invocations:g}",
+        "MARKERS_S3_URI": f"{cfg.s3_root}/{MARKERS}",
     }
     optional = {"DATA_CAPTURE_S3_URI": deploy.data_capture_s3_uri, "GUARDRAILS_ALARM": deploy.guardrails_alarm,
                 "ALERTS_TOPIC_ARN": cfg.alerts.topic_arn}
@@ -106,6 +111,7 @@ def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
             )
             lam.get_waiter("function_active_v2").wait(FunctionName=name)
         _put_event_invoke_config(cfg, lam)
+        _reserve_concurrency(lam, name)
         return "created"
     actions = []
     if current.get("CodeSha256") != base64.b64encode(hashlib.sha256(code).digest()).decode():
@@ -119,7 +125,18 @@ def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
         actions.append("configuration")
     if _put_event_invoke_config(cfg, lam):
         actions.append("retries")
+    if _reserve_concurrency(lam, name):
+        actions.append("concurrency")
     return f"updated {' and '.join(actions)}" if actions else "unchanged"
+
+
+def _reserve_concurrency(lam: Any, name: str) -> bool:
+    """Reserve RESERVED_CONCURRENCY for the Lambda where it has another; True if changed."""
+    with explained(f"reserve concurrency {RESERVED_CONCURRENCY} for Lambda {name}"):
+        if lam.get_function_concurrency(FunctionName=name).get("ReservedConcurrentExecutions") == RESERVED_CONCURRENCY:
+            return False
+        lam.put_function_concurrency(FunctionName=name, ReservedConcurrentExecutions=RESERVED_CONCURRENCY)
+    return True
 
 
 def _put_event_invoke_config(cfg: Config, lam: Any) -> bool:
