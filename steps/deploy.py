@@ -91,13 +91,14 @@ def step(account: lifecycle.Account, policy: lifecycle.Policy, arn: str) -> dict
 
 def event_key(event: dict) -> str | None:
     """The state change an EventBridge event reports, the same for every event SageMaker sends about it (what changed,
-    to what, and when it changed; EventBridge's event id where the detail has no LastModifiedTime); None otherwise."""
+    to what, and when it changed; EventBridge's event id where the detail has no LastModifiedTime); None for a direct
+    invocation or an event that says neither."""
     kind, detail = event.get("detail-type"), event.get("detail") or {}
-    if kind not in (MODEL_PACKAGE_EVENT, ENDPOINT_EVENT):
+    when = detail.get("LastModifiedTime") or event.get("id")
+    if kind not in (MODEL_PACKAGE_EVENT, ENDPOINT_EVENT) or not when:
         return None
     change = [kind, detail.get("ModelPackageArn") or detail.get("EndpointArn") or detail.get("EndpointName"),
-              detail.get(STATUS_FIELD) or detail.get("EndpointStatus"),
-              detail.get("LastModifiedTime") or event.get("id")]
+              detail.get(STATUS_FIELD) or detail.get("EndpointStatus"), when]
     return hashlib.sha256(json.dumps(change, default=str).encode()).hexdigest()
 
 

@@ -210,6 +210,7 @@ def register_version(sagemaker, status: str) -> str:
 
 
 def test_models_and_deploy_commands_against_the_registry(aws, capsys):
+    aws["s3"].create_bucket(Bucket="my-sagemaker-bucket")  # aws.bucket of pipeline.yaml: the lifecycle's markers
     register_version(aws["sagemaker"], "PendingManualApproval")
     code, out, err = cli(capsys, "models", "list")
     assert code == 0, err

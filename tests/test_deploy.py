@@ -173,6 +173,7 @@ def test_the_handler_deploys_the_step_version_to_staging_with_its_environment(sm
     cfg = load_config(ROOT / "pipeline.yaml", [f"aws.role_arn={ROLE}"], environ={})
     for key, value in lambda_environment(cfg).items():
         monkeypatch.setenv(key, value)
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket=cfg.aws.bucket)  # the lifecycle's markers
     arn = register(sm, "Approved")
     result = handler.lambda_handler({"model_package_arn": arn, "endpoint_name": "ignored"}, None)
     assert (result["action"], result["endpoint_name"]) == ("created", "trainium-bert-staging")
