@@ -401,17 +401,6 @@ def test_the_outputs_name_config_keys_that_exist():
         assert name in type(getattr(cfg(), section)).model_fields, key
 
 
-def _arns(node: Any):
-    if isinstance(node, dict):
-        for value in node.values():
-            yield from _arns(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _arns(value)
-    elif isinstance(node, str) and node.startswith("arn:"):
-        yield node
-
-
 @pytest.mark.parametrize("region, partition", [("us-east-1", "aws"), ("us-gov-west-1", "aws-us-gov"),
                                                ("cn-north-1", "aws-cn")])
 def test_every_arn_and_policy_is_in_the_partition_of_the_region(region, partition):
@@ -426,7 +415,7 @@ def test_every_arn_and_policy_is_in_the_partition_of_the_region(region, partitio
     from pipeline.sagemaker.policies import alerts_topic_arn, kms_key_arn
 
     arns = [config.pipeline_arn, config.deploy_lambda_arn, alerts_topic_arn(config), kms_key_arn(config),
-            *_arns(policies(config))]
+            *(s for s in _strings(policies(config)) if s.startswith("arn:"))]
     assert len(arns) > 15 and all(arn.startswith(f"arn:{partition}:") for arn in arns), arns
     with pytest.raises(Exception, match=f"expected an ARN of partition {partition}"):
         load_config(ROOT / "pipeline.yaml", [f"aws.region={region}", f"aws.role_arn={ROLE.replace('aws', 'aws-x')}",
