@@ -119,7 +119,8 @@ def bootstrap(
     ] = None,
     bucket: Annotated[str | None, typer.Option(help="Bucket name at creation (default <pipeline>-<account>-<region>).")]
     = None,
-    delete: Annotated[bool, typer.Option("--delete", help="Delete the stack (refused while its bucket holds data).")]
+    delete: Annotated[bool, typer.Option("--delete", help="Delete the stack (refused while its bucket holds data, "
+                                         "its model package group versions, or endpoints run as its role).")]
     = False,
     force: Annotated[bool, typer.Option("--force", help="With --delete: delete every object version first.")] = False,
 ) -> None:
@@ -136,7 +137,7 @@ def bootstrap(
         errors.print(views.stack_event(event), markup=False, highlight=False)
 
     if delete:
-        done = infra.delete_stack(cfg, cf, aws.s3, stack_name, force=force, on_event=progress)
+        done = infra.delete_stack(cfg, cf, aws.s3, aws.sagemaker, stack_name, force=force, on_event=progress)
         emptied = f" ({done.emptied} object version(s) deleted)" if done.emptied else ""
         console.print(f"stack {done.stack_name} {done.action}{emptied}")
         return

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from pipeline.config_aws import Aws
 from pipeline.config_base import INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
 from pipeline.config_deploy import Alerts, Deploy
 from pipeline.config_training import Training
@@ -24,27 +25,6 @@ ENV_OVERRIDES = {
     "TRAINIUM_PIPELINE_ROLE_ARN": "aws.role_arn",
     "TRAINIUM_PIPELINE_BUCKET": "aws.bucket",
 }
-
-
-class Vpc(Section):
-    subnets: list[str] = Field(min_length=1)
-    security_group_ids: list[str] = Field(min_length=1)
-    internet: bool = True  # the subnets reach PyPI and the Hugging Face Hub (through a NAT gateway)
-
-
-class Aws(Section):
-    region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
-    role_arn: str = Field(pattern=ROLE_ARN)
-    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-    prefix: str = Field(default="trainium-bert", pattern=r"^[\w.-]+(/[\w.-]+)*$")
-    kms_key_id: str | None = None
-    vpc: Vpc | None = None
-    tags: dict[str, str] = {}
-
-    @property
-    def account(self) -> str:
-        """The AWS account id, taken from the execution role ARN."""
-        return self.role_arn.split(":")[4]
 
 
 class PipelineSettings(Section):
@@ -267,11 +247,13 @@ class Config(Section):
     @property
     def pipeline_arn(self) -> str:
         """The pipeline's ARN (SageMaker lowercases names in ARNs)."""
-        return f"arn:aws:sagemaker:{self.aws.region}:{self.aws.account}:pipeline/{self.pipeline.name.lower()}"
+        aws = self.aws
+        return f"arn:{aws.partition}:sagemaker:{aws.region}:{aws.account}:pipeline/{self.pipeline.name.lower()}"
 
     @property
     def deploy_lambda_arn(self) -> str:
-        return f"arn:aws:lambda:{self.aws.region}:{self.aws.account}:function:{self.deploy.lambda_function_name}"
+        aws = self.aws
+        return f"arn:{aws.partition}:lambda:{aws.region}:{aws.account}:function:{self.deploy.lambda_function_name}"
 
     def image(self, kind: Literal["training", "processing", "inference", "evaluation", "training_cuda"]) -> str:
         uri = getattr(self.images, kind) or (self.images.inference if kind == "evaluation" else None)

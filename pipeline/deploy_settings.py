@@ -7,6 +7,8 @@ from pipeline.config import Config
 from steps.deploy.lifecycle import Policy
 from steps.deploy.sagemaker_account import Settings, Stage
 
+MARKERS = "lifecycle-markers"  # under s3_root: the deploy Lambda's handled events and metadata revisions
+
 
 def policy(cfg: Config) -> Policy:
     """Promotion and the endpoint test: deploy.auto_promote and deploy.test."""
@@ -28,4 +30,5 @@ def settings(cfg: Config) -> Settings:
         scaling=(scaling.min_instances, scaling.max_instances, float(scaling.target_invocations)),
         topic_arn=cfg.alerts.topic_arn,
         policy=policy(cfg),
+        markers_s3_uri=f"{cfg.s3_root}/{MARKERS}",
     )

@@ -154,13 +154,57 @@ def test_delete_refuses_while_the_bucket_holds_data_then_force_empties_it(aws):
     aws.s3.put_object(Bucket=bucket, Key="trainium-bert/a.txt", Body=b"2")
     aws.s3.delete_object(Bucket=bucket, Key="trainium-bert/a.txt")  # only a delete marker and versions remain
     with pytest.raises(BootstrapError, match=r"holds 3 object version\(s\).*--force"):
-        bootstrap.delete_stack(fresh_config(), cf, aws.s3, STACK)
+        bootstrap.delete_stack(fresh_config(), cf, aws.s3, aws.sagemaker, STACK)
     assert cf.describe_stacks(StackName=STACK)["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
-    done = bootstrap.delete_stack(fresh_config(), cf, aws.s3, STACK, force=True, sleep=lambda s: None)
+    done = bootstrap.delete_stack(fresh_config(), cf, aws.s3, aws.sagemaker, STACK, force=True,
+                                  sleep=lambda s: None)
     assert (done.action, done.emptied) == ("deleted", 3)
     assert bucket not in [b["Name"] for b in aws.s3.list_buckets()["Buckets"]]
     assert not [r for r in aws.client("iam").list_roles()["Roles"] if r["RoleName"].startswith(STACK)]
-    assert bootstrap.delete_stack(fresh_config(), cf, aws.s3, STACK).action == "absent"
+    assert bootstrap.delete_stack(fresh_config(), cf, aws.s3, aws.sagemaker, STACK).action == "absent"
+
+
+def test_delete_refuses_while_the_group_holds_versions_or_endpoints_run_as_the_role_then_deletes(aws):
+    """CloudFormation cannot delete a model package group that holds versions (DELETE_FAILED), and DeleteEndpoint's
+    docs say not to delete the endpoint's ExecutionRoleArn before it: nothing is deleted until both are gone."""
+    result, _, _ = deploy(aws)
+    cf, sm, outputs = aws.client("cloudformation"), aws.sagemaker, result.outputs
+    group, role = outputs["ModelPackageGroupName"], outputs["ExecutionRoleArn"]
+    image = "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-inference:cpu"
+    groups = sm.list_model_package_groups()["ModelPackageGroupSummaryList"]
+    if group not in [g["ModelPackageGroupName"] for g in groups]:
+        sm.create_model_package_group(ModelPackageGroupName=group)  # moto's CloudFormation skips the group
+    package = sm.create_model_package(
+        ModelPackageGroupName=group, ModelApprovalStatus="Approved",
+        InferenceSpecification={"Containers": [{"Image": image}], "SupportedContentTypes": ["application/json"],
+                                "SupportedResponseMIMETypes": ["application/json"]})["ModelPackageArn"]
+    sm.create_model(ModelName="trainium-bert-v1", ExecutionRoleArn=role, Containers=[{"ModelPackageName": package}])
+    sm.create_endpoint_config(EndpointConfigName="trainium-bert-v1-cfg", ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": "trainium-bert-v1", "InstanceType": "ml.c5.xlarge",
+        "InitialInstanceCount": 1}])
+    sm.create_endpoint(EndpointName="trainium-bert", EndpointConfigName="trainium-bert-v1-cfg")
+    sm.create_model(ModelName="other", ExecutionRoleArn=role.replace(role.rsplit("/", 1)[1], "Other"),
+                    PrimaryContainer={"Image": image})
+    sm.create_endpoint_config(EndpointConfigName="other-cfg", ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": "other", "InstanceType": "ml.c5.xlarge", "InitialInstanceCount": 1}])
+    sm.create_endpoint(EndpointName="someone-elses", EndpointConfigName="other-cfg")
+
+    with pytest.raises(BootstrapError) as refused:
+        bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK, force=True, sleep=lambda s: None)
+    assert str(refused.value) == (
+        f"stack {STACK}: nothing was deleted: model package group {group} holds 1 version(s) (delete them: aws "
+        f"sagemaker delete-model-package --model-package-name <arn>); endpoint(s) trainium-bert run models as role "
+        f"{role} (delete them first: aws sagemaker delete-endpoint --endpoint-name NAME)")
+    assert cf.describe_stacks(StackName=STACK)["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
+    sm.delete_endpoint(EndpointName="trainium-bert")
+    with pytest.raises(BootstrapError, match=r"nothing was deleted: model package group \S+ holds 1 version\(s\)"
+                                             r" \(delete them: [^;]+\)$"):
+        bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK)
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    sagemaker_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].model_packages.pop(package)  # moto lacks DeleteModelPackage
+    assert bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK, sleep=lambda s: None).action == "deleted"
 
 
 class ScriptedCloudFormation:

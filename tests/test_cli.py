@@ -211,6 +211,7 @@ def register_version(sagemaker, status: str) -> str:
 
 
 def test_models_and_deploy_commands_against_the_registry(aws, capsys):
+    aws["s3"].create_bucket(Bucket="my-sagemaker-bucket")  # aws.bucket of pipeline.yaml: the lifecycle's markers
     register_version(aws["sagemaker"], "PendingManualApproval")
     code, out, err = cli(capsys, "models", "list")
     assert code == 0, err
@@ -272,8 +273,15 @@ def test_upsert_creates_then_updates_the_deploy_lambda(aws, capsys):
     function = lambdas.get_function(FunctionName="trainium-bert-deploy")["Configuration"]
     assert function["Handler"] == "steps.deploy.handler.lambda_handler" and function["Role"] == role
     assert function["Environment"]["Variables"]["ENDPOINT_NAME"] == "trainium-bert"
+    variables = function["Environment"]["Variables"]
+    assert variables["MARKERS_S3_URI"] == f"s3://{BUCKET}/trainium-bert/lifecycle-markers"
+    concurrency = lambdas.get_function_concurrency(FunctionName="trainium-bert-deploy")
+    assert concurrency["ReservedConcurrentExecutions"] == 1  # events handled one at a time
     code, out, err = cli(capsys, *sets, "upsert")
     assert code == 0 and "deploy Lambda trainium-bert-deploy: unchanged" in out
+    lambdas.delete_function_concurrency(FunctionName="trainium-bert-deploy")  # e.g. removed in the console
+    code, out, err = cli(capsys, *sets, "upsert")
+    assert code == 0 and "deploy Lambda trainium-bert-deploy: updated concurrency" in out
     code, out, err = cli(capsys, *sets, "--set", "deploy.endpoint_name=other", "upsert")
     assert code == 0 and "deploy Lambda trainium-bert-deploy: updated configuration" in out
     function = lambdas.get_function(FunctionName="trainium-bert-deploy")["Configuration"]

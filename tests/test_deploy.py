@@ -174,6 +174,7 @@ def test_the_handler_deploys_the_step_version_to_staging_with_its_environment(sm
     cfg = load_config(ROOT / "pipeline.yaml", [f"aws.role_arn={ROLE}"], environ={})
     for key, value in lambda_environment(cfg).items():
         monkeypatch.setenv(key, value)
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket=cfg.aws.bucket)  # the lifecycle's markers
     arn = register(sm, "Approved")
     result = handler.lambda_handler({"model_package_arn": arn, "endpoint_name": "ignored"}, None)
     assert (result["action"], result["endpoint_name"]) == ("created", "trainium-bert-staging")
@@ -309,6 +310,34 @@ def test_two_first_deploys_racing_to_create_the_endpoint_both_succeed(sm):
     late = RacingClient(sm._client, sm._endpoints, hide_endpoint=True)  # it looked before the endpoint existed
     assert deploy_step.deploy(late, arn, ENDPOINT)["action"] == "unchanged"
     assert counts(sm) == (1, 1, 1)
+
+
+class RefusingClient(RecordingClient):
+    """UpdateEndpoint refused for a reason of its own (the endpoint stays InService on its old config)."""
+
+    def __init__(self, client, backend_endpoints, message: str):
+        super().__init__(client, backend_endpoints)
+        self.message = message
+
+    def update_endpoint(self, **kwargs):
+        self.updates.append(kwargs)
+        raise client_error("ValidationException", self.message, "UpdateEndpoint")
+
+
+@pytest.mark.parametrize("message", [
+    "The alarm 'trainium-bert-5xx' specified in AutoRollbackConfiguration does not exist.",  # guardrails
+    "Cannot update endpoint: the instance type of variant AllTraffic cannot change while\nautoscaling is "
+    "registered for it.",  # "Update an endpoint that uses autoscaling": deregister first
+])
+def test_an_update_refused_for_its_own_reason_says_that_reason_not_a_race(sm, message):
+    deploy_step.deploy(sm, register(sm, "Approved"), ENDPOINT)
+    refusing = RefusingClient(sm._client, sm._endpoints, message)
+    with pytest.raises(deploy_step.DeployError) as refused:
+        deploy_step.deploy(refusing, register(sm, "Approved"), ENDPOINT, guardrails_alarm="trainium-bert-5xx")
+    config = deploy_step.endpoint_config_name(ENDPOINT, 2, deploy_step.DEFAULT_INSTANCE_TYPE, 1)
+    assert str(refused.value) == (f"endpoint {ENDPOINT}: UpdateEndpoint to {config} refused: "
+                                  f"{' '.join(message.split())}")
+    assert "\n" not in str(refused.value) and "changed while deploying" not in str(refused.value)
 
 
 class MissingPackageClient(RecordingClient):

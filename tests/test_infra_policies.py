@@ -191,19 +191,23 @@ def test_deploy_lambda_role_grants_exactly_what_its_code_calls():
     sample = f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/evaluation/endpoint_sample.jsonl"
     assert _allowed(document, "s3:GetObject", sample)
     assert not _allowed(document, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/x.csv")
+    marker = f"arn:aws:s3:::{BUCKET}/trainium-bert/lifecycle-markers/events/0123abcd"
+    assert _allowed(document, "s3:PutObject", marker) and _allowed(document, "s3:DeleteObject", marker)
+    assert not _allowed(document, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/x.csv")
     printed = {s["Sid"]: s for s in policies(config)["deploy-lambda-role"]["Statement"]}
     assert _allowed(document, "sns:Publish", TOPIC) and printed["Alerts"]["Resource"] == [TOPIC]
     (scaling,) = [s for s in statements(document) if "application-autoscaling:PutScalingPolicy" in s["Action"]]
     assert scaling["Condition"]["StringEquals"]["application-autoscaling:service-namespace"] == "sagemaker"
 
 
-def test_deploy_lambda_reads_the_sample_through_the_kms_key():
+def test_deploy_lambda_reads_the_sample_and_writes_its_markers_through_the_kms_key():
     (policy,) = [r for r in rendered(kms=True).values() if r["Type"] == "AWS::IAM::Policy"
                  and r["Properties"]["PolicyName"] == "deploy-lambda-kms"]
-    (decrypt,) = statements(policy["Properties"]["PolicyDocument"])
-    assert decrypt["Action"] == ["kms:Decrypt"] and decrypt["Resource"] == [KEY]
+    (use,) = statements(policy["Properties"]["PolicyDocument"])
+    assert use["Action"] == ["kms:Decrypt", "kms:GenerateDataKey"] and use["Resource"] == [KEY]
     printed = statements(policies(cfg(**{"aws.kms_key_id": KEY}))["deploy-lambda-role"])
-    assert {"Sid": "ReadEncryptedSample", "Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": [KEY]} in printed
+    assert {"Sid": "EncryptedObjects", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+            "Resource": [KEY]} in printed
 
 
 def test_alerts_topic_lets_only_this_pipelines_rules_publish():
@@ -215,8 +219,32 @@ def test_alerts_topic_lets_only_this_pipelines_rules_publish():
     (publish,) = statements(resources["AlertsTopicPolicy"]["Properties"]["PolicyDocument"])
     assert publish["Principal"] == {"Service": "events.amazonaws.com"} and publish["Action"] == ["sns:Publish"]
     assert publish["Resource"] == [TOPIC]
-    rules = f"arn:aws:events:{REGION}:{ACCOUNT}:rule/trainium-bert-*"
-    assert publish["Condition"] == {"ArnLike": {"aws:SourceArn": rules}}
+    rule = f"arn:aws:events:{REGION}:{ACCOUNT}:rule/trainium-bert-execution-alerts"
+    assert publish["Condition"] == {"ArnLike": {"aws:SourceArn": rule}}
+
+
+@pytest.mark.parametrize("length", [20, 47, 48, 60, 200])
+def test_the_topic_lets_the_execution_alerts_rule_publish_whatever_the_pipeline_names_length(length):
+    """EventBridge publishes to SNS only where the topic policy allows the rule's ARN: the rule triggers apply
+    puts, whose name is shortened with a hash past 64 characters (pipeline names over 47)."""
+    from pipeline.sagemaker.triggers import rule_names
+
+    name = ("p" + "-long" * 60)[:length].rstrip("-")
+    config = cfg(**{"pipeline.name": name})
+    params = stack_parameters(config, bucket="my-bucket", kms=False)
+    policy = resolve(TEMPLATE["Resources"]["AlertsTopicPolicy"], params, {})
+    (publish,) = statements(policy["Properties"]["PolicyDocument"])
+    (alerts,) = [r for r in plan_rules(config) if r["Targets"][0]["Id"] == "alerts-topic"]
+    assert alerts["Name"] == rule_names(config)["execution-alerts"] and len(alerts["Name"]) <= 64
+    arn = f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{alerts['Name']}"
+    assert fnmatch.fnmatchcase(arn, publish["Condition"]["ArnLike"]["aws:SourceArn"])
+    assert re.fullmatch(r"[.\-_A-Za-z0-9]{1,64}", params["AlertsRuleName"])  # the parameter's AllowedPattern
+
+
+def plan_rules(config) -> list[dict]:
+    from pipeline.sagemaker.triggers import plan
+
+    return plan(config.model_copy(update={"alerts": config.alerts.model_copy(update={"topic_arn": TOPIC})}))
 
 
 def test_events_role_may_only_start_this_pipeline():
@@ -263,6 +291,9 @@ RUNTIME_ACTIONS = {
     "ecr:GetAuthorizationToken", "ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
     "logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents",
     "cloudwatch:PutMetricData",
+    # the endpoints' models run as this role: the deployment guardrails docs ("Auto-Rollback Configuration and
+    # Monitoring") ask it for cloudwatch:DescribeAlarms on the auto-rollback alarms (deploy.guardrails_alarm)
+    "cloudwatch:DescribeAlarms",
 }
 KMS_ACTIONS = {"kms:CreateGrant", "kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey"}
 
@@ -334,6 +365,8 @@ def test_execution_role_grants_what_the_steps_need_and_nothing_beyond(kms):
             assert set(s["Action"]) <= STAR_ACTIONS, s
             if "cloudwatch:PutMetricData" in s["Action"]:
                 assert s["Condition"] == {"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/*"}}
+    alarm = f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:{config.deploy.guardrails_alarm or 'trainium-bert-5xx'}"
+    assert _allowed(document, "cloudwatch:DescribeAlarms", alarm)
     kms_statements = [s for s in statements(document) if set(s["Action"]) & KMS_ACTIONS]
     assert [s["Resource"] for s in kms_statements] == ([[KEY]] if kms else [])
 
@@ -366,3 +399,24 @@ def test_the_outputs_name_config_keys_that_exist():
         assert TEMPLATE["Outputs"][output]["Description"] == key
         section, name = key.split(".")
         assert name in type(getattr(cfg(), section)).model_fields, key
+
+
+@pytest.mark.parametrize("region, partition", [("us-east-1", "aws"), ("us-gov-west-1", "aws-us-gov"),
+                                               ("cn-north-1", "aws-cn")])
+def test_every_arn_and_policy_is_in_the_partition_of_the_region(region, partition):
+    """botocore's endpoint data (endpoints.json) maps a region to its partition, as ${AWS::Partition} does in the
+    template: an arn:aws ARN in GovCloud or China names nothing there."""
+    import botocore.session
+
+    assert botocore.session.get_session().get_partition_for_region(region) == partition
+    role = f"arn:{partition}:iam::{ACCOUNT}:role/trainium-bert-bootstrap-ExecutionRole-ABC"
+    config = load_config(ROOT / "pipeline.yaml", [f"aws.region={region}", f"aws.role_arn={role}",
+                                                  f"aws.bucket={BUCKET}", "aws.kms_key_id=1234abcd"], environ={})
+    from pipeline.sagemaker.policies import alerts_topic_arn, kms_key_arn
+
+    arns = [config.pipeline_arn, config.deploy_lambda_arn, alerts_topic_arn(config), kms_key_arn(config),
+            *(s for s in _strings(policies(config)) if s.startswith("arn:"))]
+    assert len(arns) > 15 and all(arn.startswith(f"arn:{partition}:") for arn in arns), arns
+    with pytest.raises(Exception, match=f"expected an ARN of partition {partition}"):
+        load_config(ROOT / "pipeline.yaml", [f"aws.region={region}", f"aws.role_arn={ROLE.replace('aws', 'aws-x')}",
+                                             f"aws.bucket={BUCKET}"], environ={})

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import boto3
@@ -74,20 +76,25 @@ class Service:
         endpoint = self._endpoints[name]
         endpoint.endpoint_config_name = self._pending.pop(name, endpoint.endpoint_config_name)
         endpoint.endpoint_status = "InService" if status == "IN_SERVICE" else "Failed"
-        return {"version": "0", "source": "aws.sagemaker", "detail-type": deploy.ENDPOINT_EVENT,
-                "resources": [endpoint.arn],
+        return {"version": "0", "id": str(uuid.uuid4()), "source": "aws.sagemaker",
+                "detail-type": deploy.ENDPOINT_EVENT, "resources": [endpoint.arn],
                 "detail": {"EndpointName": name, "EndpointArn": endpoint.arn, "EndpointStatus": status,
-                           "EndpointConfigName": endpoint.endpoint_config_name}}
+                           "EndpointConfigName": endpoint.endpoint_config_name, "LastModifiedTime": changed_at()}}
 
 
 def package_event(version: int, status: str, updated: list[str] | None = None) -> dict:
     arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/{GROUP}/{version}"
     detail = {"ModelPackageGroupName": GROUP, "ModelPackageVersion": version, "ModelPackageArn": arn,
-              "ModelApprovalStatus": status, "ModelPackageStatus": "Completed"}
+              "ModelApprovalStatus": status, "ModelPackageStatus": "Completed", "LastModifiedTime": changed_at()}
     if updated is not None:
         detail["UpdatedModelPackageFields"] = updated
-    return {"version": "0", "source": "aws.sagemaker", "detail-type": deploy.MODEL_PACKAGE_EVENT,
-            "resources": [arn], "detail": detail}
+    return {"version": "0", "id": str(uuid.uuid4()), "source": "aws.sagemaker",
+            "detail-type": deploy.MODEL_PACKAGE_EVENT, "resources": [arn], "detail": detail}
+
+
+def changed_at() -> str:
+    """When a resource changed (the LastModifiedTime of a state change event): each change its own."""
+    return datetime.now(timezone.utc).isoformat()
 
 
 @pytest.fixture(scope="module")
@@ -347,3 +354,98 @@ def test_the_deploy_step_refuses_a_version_that_is_not_approved_and_fails_on_a_f
         world.register()
         world.approve(2)
         world.handle({"model_package_arn": arn.replace("/1", "/2")})
+
+
+def sns_subject_ok(subject: str) -> bool:
+    """SNS Publish's Subject (botocore's model: "no line breaks or control characters, and less than 100 characters
+    long"; the SNS guide: ASCII text beginning with a letter, number or punctuation mark)."""
+    return bool(re.fullmatch(r"[!-~][ -~]{0,98}", subject))
+
+
+def test_an_alert_subject_from_a_multi_line_failure_reason_is_one_printable_line(world):
+    """A FailureReason or an exception text with line breaks, tabs, control or non-ASCII characters made a Subject
+    that SNS rejects: the FAILED event's alert failed the invocation."""
+    world.register()
+    world.handle(world.approve(1))
+    reason = ("ClientError: Please ensure the model artifact is valid.\r\nTraceback (most recent call last):\n\t"
+              "File \"inference.py\"\x07, line 3 \u2014 caf\u00e9 " + "x" * 120)
+    world.sm._endpoints[STAGING].failure_reason = reason
+    result = world.handle(world.sm.finish(STAGING, "FAILED"))
+    assert actions(result) == [("staging", "deploy-failed", None)]
+    (subject, message), = world.alerts()
+    assert sns_subject_ok(subject), repr(subject)
+    assert subject.startswith("staging trainium-bert-staging failed: ClientError: Please ensure the model artifact "
+                              "is valid. Tr") and subject.endswith("...") and len(subject) == 99
+    assert message.startswith(f"staging trainium-bert-staging failed: {reason}\n")  # the message keeps it whole
+    assert [account_module.subject(s) for s in ("\n\t", "\u00e9t\u00e9")] == ["alert", "?t?"]
+
+
+def test_deploy_n_tests_again_a_version_tested_before_once_its_update_is_in_service(world):
+    """`deploy N`'s help says it tests the version on staging; on AWS the update ends later, and the InService event
+    saw the old result in the registry and tested nothing (locally the test ran at once)."""
+    life = promoted_twice(world)  # versions 1 and 2 tested (pass); staging serves 2
+    first = world.metadata(1)["staging_test_at"]
+    outcomes = life.deploy(1)
+    assert [(o["stage"], o["action"], o["version"]) for o in outcomes] == [("staging", "updated", 1)]
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result) == [("staging", "unchanged", 1), ("staging", "test", 1)]
+    assert world.metadata(1)["staging_test_at"] > first and world.metadata(1)["staging_test"] == "pass"
+    assert actions(world.handle(world.sm.finish(STAGING))) == [("staging", "unchanged", 1)]  # once: not again
+    outcomes = life.deploy(1)  # staging serves it already: the test runs at once, as locally
+    assert [o["action"] for o in outcomes] == ["unchanged", "test"]
+
+
+def test_a_state_change_delivered_twice_is_handled_once_even_while_the_first_delivery_runs(world):
+    """SageMaker may send several events per state change ("Events that Amazon SageMaker AI sends to Amazon
+    EventBridge"): the second, arriving while the first invocation tests staging, must not test it again."""
+    world.register()
+    world.handle(world.approve(1))
+    event = world.sm.finish(STAGING)
+    twin = {**event, "id": str(uuid.uuid4())}  # another event about the same change
+    sample, inner, started = world.account.sample, [], []
+
+    def sample_while_the_twin_arrives(version):
+        if not started:
+            started.append(True)
+            inner.append(world.handle(twin))
+        return sample(version)
+
+    world.account.sample = sample_while_the_twin_arrives
+    result = world.handle(event)
+    assert actions(result) == [("staging", "unchanged", 1), ("staging", "test", 1)]
+    assert inner[0]["action"] == "ignored" and inner[0]["reason"].startswith("a duplicate: this state change")
+    assert len(world.alerts()) == 1  # one test, one alert
+    assert world.handle({**event, "id": str(uuid.uuid4())})["action"] == "ignored"  # a later duplicate too
+
+
+def test_a_failed_invocation_releases_its_state_change_for_the_retry(world):
+    world.register()
+    event = world.approve(1)
+    endpoint = world.account.endpoint
+    world.account.endpoint = lambda stage: (_ for _ in ()).throw(ClientError(
+        {"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "DescribeEndpoint"))
+    with pytest.raises(ClientError, match="Rate exceeded"):
+        world.handle(event)
+    world.account.endpoint = endpoint
+    assert actions(world.handle(event)) == [("staging", "created", 1)]  # Lambda's retry of the same event
+
+
+def test_concurrent_metadata_writes_are_merged_not_lost(world):
+    """UpdateModelPackage replaces the map from a read (it has no condition): a write between our read and our write
+    was lost. Each write now claims the next revision of what it read, and a writer that lost the claim reads again."""
+    world.register()
+    account, version = world.account, world.account.version(1)
+    interleaved: list[bool] = []
+
+    def describe_then_another_writer(**kwargs):
+        answer = world.sm._client.describe_model_package(**kwargs)
+        if not interleaved:
+            interleaved.append(True)
+            account.set_metadata(version, {"promoted_at": "2026-12-04T10:00:00.000000Z"})  # e.g. `promote 1`
+        return answer
+
+    world.sm.describe_model_package = describe_then_another_writer
+    account.set_metadata(version, {"staging_test": "pass"})  # e.g. the Lambda's endpoint test, read before
+    metadata = world.metadata(1)
+    assert metadata["promoted_at"] == "2026-12-04T10:00:00.000000Z" and metadata["staging_test"] == "pass"
+    assert metadata["kind"] == "good" and metadata[account_module.REVISION] == "2"

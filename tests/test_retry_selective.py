@@ -91,6 +91,20 @@ def test_refused_selections_name_the_step_at_fault(steps, origin, message):
     assert message in str(refused.value)
 
 
+def test_a_stopped_execution_is_no_source_as_the_service_model_says():
+    """botocore: SourcePipelineExecutionArn's execution "can be either Failed or Success"; Stopped is refused."""
+    import botocore.session
+
+    doc = (botocore.session.get_session().get_service_model("sagemaker").shape_for("SelectiveExecutionConfig")
+           .members["SourcePipelineExecutionArn"].documentation)
+    assert "<code>Failed</code> or <code>Success</code>" in doc
+    with pytest.raises(SelectionError) as refused:
+        select(DEFINITION, ["Evaluate"], source("Stopped"), "trainium-bert")
+    assert str(refused.value) == ("--from src1: the execution is Stopped; a source must have ended Succeeded or Failed "
+                                  "(SageMaker refuses any other as SourcePipelineExecutionArn)")
+    assert select(DEFINITION, ["Evaluate"], source("Failed"), "trainium-bert").reused == ["Tokenize", "Train"]
+
+
 def test_a_selection_without_dependencies_needs_no_source_and_unknown_source_steps_are_left_to_the_service():
     assert select(DEFINITION, ["Tokenize"], None, "trainium-bert").not_run == ALL[1:]
     unlisted = Source("src1", "trainium-bert", "Failed", None)  # moto cannot list the steps: the service judges

@@ -206,6 +206,7 @@ def test_approval_rule_matches_approved_versions_of_our_group_only(aws, lambda_d
     # The deploy handler, given the delivered event, deploys the version it names to staging.
     for key, value in lambda_environment(cfg).items():
         monkeypatch.setenv(key, value)
+    aws.s3.create_bucket(Bucket=cfg.aws.bucket)  # the lifecycle's markers
     result = deploy_step.lambda_handler(bodies[0], None)
     assert result["action"] == "created" and result["endpoint_name"] == cfg.deploy.staging_endpoint_name
     assert (

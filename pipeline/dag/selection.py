@@ -5,8 +5,9 @@ AWS it refuses in one line what StartPipelineExecution or RetryPipelineExecution
 The rules (SageMaker's "Selective execution of pipeline steps"): the selected steps are connected in the DAG and
 every step on a path between two of them is selected too; a dependency of a selected step (a property or property
 file it reads, a DependsOn, the condition of its branch) is selected or succeeded in the source execution, whose
-outputs stand in for it; unselected steps downstream of the selection do not run. A retry re-runs the definition
-the execution ran, so it is refused when the code and config now make another one.
+outputs stand in for it; the source ended Succeeded or Failed (not Stopped); unselected steps downstream of the
+selection do not run. A retry re-runs the definition the execution ran, so it is refused when the code and config
+now make another one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any
 from pipeline.dag.graph import StepGraph, changed_steps
 from pipeline.errors import UserError
 
-SOURCE_STATUSES = ("Succeeded", "Failed", "Stopped")  # an execution that ended (the SDK's list)
+# StartPipelineExecution's SelectiveExecutionConfig.SourcePipelineExecutionArn: "Failed or Success" (botocore's
+# model; the developer guide: Succeeded or Failed). A Stopped execution is refused by the service.
+SOURCE_STATUSES = ("Succeeded", "Failed")
 RETRYABLE = ("Failed", "Stopped")
 RERUN = ("Failed", "Stopped")  # step statuses a retry (or the selection replacing one) runs again
 
@@ -135,7 +138,7 @@ def select(definition: dict, names: list[str], source: Source | None, pipeline: 
         if source.status not in SOURCE_STATUSES:
             raise SelectionError(
                 f"--from {source.id}: the execution is {source.status}; a source must have ended "
-                f"({', '.join(SOURCE_STATUSES)})"
+                f"{' or '.join(SOURCE_STATUSES)} (SageMaker refuses any other as SourcePipelineExecutionArn)"
             )
     needs = {d for name in chosen for d in graph.depends[name]} - chosen
     missing = set(needs)

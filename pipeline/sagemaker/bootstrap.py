@@ -16,6 +16,7 @@ from pipeline.code import PROJECT_ROOT
 from pipeline.config import Config
 from pipeline.errors import UserError
 from pipeline.sagemaker.aws import explain
+from pipeline.sagemaker.triggers import rule_name
 
 TEMPLATE = PROJECT_ROOT / "infra" / "template.yaml"
 CAPABILITIES = ["CAPABILITY_IAM"]  # the roles get generated names: no CAPABILITY_NAMED_IAM
@@ -99,6 +100,7 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
         "StagingEndpointName": cfg.deploy.staging_endpoint_name,
         "AlertEmail": cfg.alerts.email or "",
         "LambdaFunctionName": cfg.deploy.lambda_function_name,
+        "AlertsRuleName": rule_name(cfg.pipeline.name, "execution-alerts"),  # the one rule the topic lets publish
         **({} if kms is None else {"UseKmsKey": "true" if kms else "false"}),
         "CheckpointExpirationDays": "30",
         "NoncurrentVersionExpirationDays": "30",
@@ -281,10 +283,60 @@ def _versions(s3: Any, bucket: str) -> list[dict[str, str]]:
     return found
 
 
+def _group_versions(sm: Any, group: str) -> int:
+    """How many versions the model package group holds (0 if it is gone)."""
+    try:
+        pages = sm.get_paginator("list_model_packages").paginate(ModelPackageGroupName=group)
+        return sum(len(page["ModelPackageSummaryList"]) for page in pages)
+    except ClientError as e:
+        if "does not exist" in e.response.get("Error", {}).get("Message", ""):
+            return 0
+        raise BootstrapError(explain(e, f"list the versions of model package group {group}")) from None
+
+
+def _endpoints_using(sm: Any, role: str) -> list[str]:
+    """The endpoints of the region whose models run as `role`."""
+    found = []
+    with_role: dict[str, bool] = {}
+    try:
+        for page in sm.get_paginator("list_endpoints").paginate():
+            for summary in page["Endpoints"]:
+                name = summary["EndpointName"]
+                config = sm.describe_endpoint(EndpointName=name).get("EndpointConfigName", "")
+                variants = sm.describe_endpoint_config(EndpointConfigName=config).get("ProductionVariants", [])
+                for model in {v["ModelName"] for v in variants if v.get("ModelName")}:
+                    if model not in with_role:
+                        with_role[model] = sm.describe_model(ModelName=model).get("ExecutionRoleArn") == role
+                if any(with_role.get(v.get("ModelName", "")) for v in variants):
+                    found.append(name)
+    except ClientError as e:
+        raise BootstrapError(explain(e, f"list the endpoints that use role {role}")) from None
+    return found
+
+
+def check_nothing_depends(stack: dict, sm: Any) -> None:
+    """Refuse (one line, nothing deleted) while the stack's model package group holds versions (CloudFormation
+    cannot delete the group: DELETE_FAILED) or endpoints run models as its execution role (DeleteEndpoint needs the
+    role to release the endpoint's resources): both are the user's to delete, in that order, never this command's."""
+    outputs, left = _outputs(stack), []
+    group, role = outputs.get("ModelPackageGroupName"), outputs.get("ExecutionRoleArn")
+    versions = _group_versions(sm, group) if group else 0
+    if versions:
+        left.append(f"model package group {group} holds {versions} version(s) (delete them: aws sagemaker "
+                    f"delete-model-package --model-package-name <arn>)")
+    endpoints = _endpoints_using(sm, role) if role else []
+    if endpoints:
+        left.append(f"endpoint(s) {', '.join(endpoints)} run models as role {role} (delete them first: aws "
+                    f"sagemaker delete-endpoint --endpoint-name NAME)")
+    if left:
+        raise BootstrapError(f"stack {stack['StackName']}: nothing was deleted: {'; '.join(left)}")
+
+
 def delete_stack(
     cfg: Config,
     cf: Any,
     s3: Any,
+    sagemaker: Any,
     stack_name: str | None = None,
     force: bool = False,
     on_event: EventCallback | None = None,
@@ -292,13 +344,15 @@ def delete_stack(
     timeout: float = 3600.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> StackResult:
-    """Delete the stack; refuse while its bucket holds any object version, unless `force` (then empty it first)."""
+    """Delete the stack; refuse while anything depends on it (check_nothing_depends), and while its bucket holds
+    any object version, unless `force` (then empty it first)."""
     name = stack_name or default_stack_name(cfg)
     stack = _describe(cf, name)
     if stack is None:
         return StackResult("absent", name)
     if stack["StackStatus"].endswith("_IN_PROGRESS"):
         raise BootstrapError(f"stack {name} is {stack['StackStatus']}: retry when it has finished")
+    check_nothing_depends(stack, sagemaker)
     bucket = _outputs(stack).get("BucketName")
     versions = _versions(s3, bucket) if bucket else []
     if versions and not force:

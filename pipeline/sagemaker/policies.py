@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.config import Config
+from pipeline.deploy_settings import MARKERS
 from steps.contract import EVALUATION_OUTPUT, SAMPLE_FILE
 
 AUTOSCALING_SLR = ("role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
@@ -10,19 +11,20 @@ AUTOSCALING_SLR = ("role/aws-service-role/sagemaker.application-autoscaling.amaz
 
 
 def kms_key_arn(cfg: Config) -> str:
-    key = cfg.aws.kms_key_id or ""
-    return key if key.startswith("arn:") else f"arn:aws:kms:{cfg.aws.region}:{cfg.aws.account}:key/{key}"
+    key, aws = cfg.aws.kms_key_id or "", cfg.aws
+    return key if key.startswith("arn:") else f"arn:{aws.partition}:kms:{aws.region}:{aws.account}:key/{key}"
 
 
 def alerts_topic_arn(cfg: Config) -> str:
     """alerts.topic_arn, else the topic the bootstrap stack names <pipeline>-alerts."""
-    return cfg.alerts.topic_arn or f"arn:aws:sns:{cfg.aws.region}:{cfg.aws.account}:{cfg.pipeline.name}-alerts"
+    aws = cfg.aws
+    return cfg.alerts.topic_arn or f"arn:{aws.partition}:sns:{aws.region}:{aws.account}:{cfg.pipeline.name}-alerts"
 
 
 def policies(cfg: Config) -> dict[str, dict]:
     """Least-privilege IAM documents: the deploy Lambda's role and the role EventBridge assumes."""
-    region, account = cfg.aws.region, cfg.aws.account
-    sm = f"arn:aws:sagemaker:{region}:{account}"
+    region, account, arn = cfg.aws.region, cfg.aws.account, f"arn:{cfg.aws.partition}"
+    sm = f"{arn}:sagemaker:{region}:{account}"
     group = cfg.pipeline.model_package_group.lower()
     endpoint = cfg.deploy.endpoint_name.lower()
     staging = cfg.deploy.staging_endpoint_name.lower()
@@ -72,7 +74,13 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Sid": "ReadTestSample",
                 "Effect": "Allow",
                 "Action": ["s3:GetObject"],
-                "Resource": [f"arn:aws:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{sample}"],
+                "Resource": [f"{arn}:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{sample}"],
+            },
+            {  # markers created only where absent: the events handled, the metadata revisions claimed
+                "Sid": "LifecycleMarkers",
+                "Effect": "Allow",
+                "Action": ["s3:PutObject", "s3:DeleteObject"],
+                "Resource": [f"{arn}:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{MARKERS}/*"],
             },
             {  # what Application Auto Scaling checks that its caller may do to the variant (beside Describe*)
                 "Sid": "ScaledEndpoint",
@@ -86,7 +94,7 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Action": ["application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScalingPolicy",
                            "application-autoscaling:DeleteScalingPolicy",
                            "application-autoscaling:DeregisterScalableTarget"],
-                "Resource": [f"arn:aws:application-autoscaling:{region}:{account}:scalable-target/*"],
+                "Resource": [f"{arn}:application-autoscaling:{region}:{account}:scalable-target/*"],
                 "Condition": {"StringEquals": {"application-autoscaling:service-namespace": "sagemaker",
                                                "application-autoscaling:scalable-dimension":
                                                    "sagemaker:variant:DesiredInstanceCount"}},
@@ -95,13 +103,13 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Sid": "TargetTrackingAlarms",
                 "Effect": "Allow",
                 "Action": ["cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms"],
-                "Resource": [f"arn:aws:cloudwatch:{region}:{account}:alarm:TargetTracking-endpoint/{endpoint}/*"],
+                "Resource": [f"{arn}:cloudwatch:{region}:{account}:alarm:TargetTracking-endpoint/{endpoint}/*"],
             },
             {  # the first scalable SageMaker variant of an account creates Application Auto Scaling's role
                 "Sid": "AutoscalingRole",
                 "Effect": "Allow",
                 "Action": ["iam:CreateServiceLinkedRole"],
-                "Resource": [f"arn:aws:iam::{account}:{AUTOSCALING_SLR}"],
+                "Resource": [f"{arn}:iam::{account}:{AUTOSCALING_SLR}"],
                 "Condition": {"StringLike": {"iam:AWSServiceName": "sagemaker.application-autoscaling.amazonaws.com"}},
             },
             {
@@ -121,12 +129,12 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Sid": "GuardrailAlarms",
                 "Effect": "Allow",
                 "Action": ["cloudwatch:DescribeAlarms"],
-                "Resource": [f"arn:aws:cloudwatch:{region}:{account}:alarm:*"],
+                "Resource": [f"{arn}:cloudwatch:{region}:{account}:alarm:*"],
             },
             *([{
-                "Sid": "ReadEncryptedSample",
+                "Sid": "EncryptedObjects",
                 "Effect": "Allow",
-                "Action": ["kms:Decrypt"],
+                "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
                 "Resource": [kms_key_arn(cfg)],
             }] if cfg.aws.kms_key_id else []),
             {
@@ -134,8 +142,8 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Effect": "Allow",
                 "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
                 "Resource": [
-                    f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{function}",
-                    f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{function}:*",
+                    f"{arn}:logs:{region}:{account}:log-group:/aws/lambda/{function}",
+                    f"{arn}:logs:{region}:{account}:log-group:/aws/lambda/{function}:*",
                 ],
             },
         ],

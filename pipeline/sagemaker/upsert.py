@@ -20,6 +20,9 @@ LAMBDA_HANDLER = "steps.deploy.handler.lambda_handler"
 # A failed invocation (not a busy endpoint: that is "deferred", a success) is retried twice, then sent to the alerts
 # topic; an event waits at most an hour.
 EVENT_INVOKE = {"MaximumRetryAttempts": 2, "MaximumEventAgeInSeconds": 3600}
+# One invocation at a time: events are handled in turn (no two endpoint tests on one staging endpoint, no interleaved
+# registry writes); a throttled event waits in Lambda's queue, a throttled Deploy step is retried by Pipelines.
+RESERVED_CONCURRENCY = 1
 
 
 def deploy_lambda_zip() -> bytes:
@@ -75,6 +78,7 @@ def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
             )
             lam.get_waiter("function_active_v2").wait(FunctionName=name)
         _put_event_invoke_config(cfg, lam)
+        _reserve_concurrency(lam, name)
         return "created"
     actions = []
     if current.get("CodeSha256") != base64.b64encode(hashlib.sha256(code).digest()).decode():
@@ -88,7 +92,18 @@ def upsert_deploy_lambda(cfg: Config, aws: Aws) -> str:
         actions.append("configuration")
     if _put_event_invoke_config(cfg, lam):
         actions.append("retries")
+    if _reserve_concurrency(lam, name):
+        actions.append("concurrency")
     return f"updated {' and '.join(actions)}" if actions else "unchanged"
+
+
+def _reserve_concurrency(lam: Any, name: str) -> bool:
+    """Reserve RESERVED_CONCURRENCY for the Lambda where it has another; True if changed."""
+    with explained(f"reserve concurrency {RESERVED_CONCURRENCY} for Lambda {name}"):
+        if lam.get_function_concurrency(FunctionName=name).get("ReservedConcurrentExecutions") == RESERVED_CONCURRENCY:
+            return False
+        lam.put_function_concurrency(FunctionName=name, ReservedConcurrentExecutions=RESERVED_CONCURRENCY)
+    return True
 
 
 def _put_event_invoke_config(cfg: Config, lam: Any) -> bool:

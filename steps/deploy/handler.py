@@ -11,6 +11,9 @@ come from the environment (sagemaker_account.Settings). Callers, each handled by
 - "SageMaker Endpoint State Change" of the staging or production endpoint: IN_SERVICE reconciles that stage (staging:
   the endpoint test of a new version, then auto-promotion if configured; production: autoscaling, and an approval or
   rollback that waited for the update), FAILED is an alert.
+SageMaker may send several events per state change, and a failed invocation is retried: an event whose state change
+(`event_key`) was handled already is ignored; the deploy Lambda runs one invocation at a time (reserved concurrency 1,
+set by upsert), so two endpoint tests never share the staging endpoint.
 Nothing is refused because an endpoint is busy: the decision is "deferred" and the InService event of that update
 runs it. Returns {"action", "endpoint_config_name", "endpoint_name", "outcomes": [...]} (the first two are the
 LambdaStep's outputs, from the staging outcome).
@@ -18,6 +21,7 @@ LambdaStep's outputs, from the staging outcome).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -82,8 +86,35 @@ def step(account: lifecycle.Account, policy: lifecycle.Policy, arn: str) -> dict
     return done
 
 
+def event_key(event: dict) -> str | None:
+    """The state change an EventBridge event reports, the same for every event SageMaker sends about it (what changed,
+    to what, and when it changed; EventBridge's event id where the detail has no LastModifiedTime); None for a direct
+    invocation or an event that says neither."""
+    kind, detail = event.get("detail-type"), event.get("detail") or {}
+    when = detail.get("LastModifiedTime") or event.get("id")
+    if kind not in (MODEL_PACKAGE_EVENT, ENDPOINT_EVENT) or not when:
+        return None
+    change = [kind, detail.get("ModelPackageArn") or detail.get("EndpointArn") or detail.get("EndpointName"),
+              detail.get(STATUS_FIELD) or detail.get("EndpointStatus"), when]
+    return hashlib.sha256(json.dumps(change, default=str).encode()).hexdigest()
+
+
 def handle(event: dict, account: sagemaker_account.SageMakerAccount) -> dict[str, Any]:
-    """Route one event (see the module) to the lifecycle of `account`."""
+    """Route one event (see the module) to the lifecycle of `account`, once per state change: a duplicate is ignored;
+    a failure releases the change for the retry."""
+    key = event_key(event)
+    if key is None:
+        return _route(event, account)
+    if not account.claim(f"events/{key}"):
+        return _ignored(f"a duplicate: this state change (event key {key[:12]}) was handled already")
+    try:
+        return _route(event, account)
+    except BaseException:
+        account.release(f"events/{key}")
+        raise
+
+
+def _route(event: dict, account: sagemaker_account.SageMakerAccount) -> dict[str, Any]:
     life = lifecycle.Lifecycle(account, account.settings.policy)
     kind = event.get("detail-type")
     if kind == MODEL_PACKAGE_EVENT:

@@ -7,6 +7,7 @@ runtime client, the alerts). Standard library only.
 The registry is the truth. Besides its approval status, each version carries in its metadata:
   staging_test=pass|fail (and staging_test_<number>, see endpoint_check.metadata)   its endpoint test
   promoted_at=<UTC time>                   promoted to production (promote N, auto-promotion, a rollback)
+  staging_retest_at=<UTC time>             deploy N asked for a new test: due while later than staging_test_at
   staging_deployed_at, production_deployed_at=<UTC time>   when it was last sent to that endpoint
 Decisions (the pure functions below) read the Approved versions and the version each endpoint serves or is moving to:
   staging     the newest Approved version while it has no test result; else the version it serves while that is
@@ -37,6 +38,7 @@ STAGING, PRODUCTION = "staging", "production"
 STAGES = (STAGING, PRODUCTION)
 PASS, FAIL = "pass", "fail"
 TEST, PROMOTED = endpoint_check.PREFIX, "promoted_at"
+RETEST = "staging_retest_at"  # deploy N asked for a new staging test of a version tested before
 BUSY = ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting")
 ALERTS = ("test", "promotion", "rollback", "no-rollback", "deploy-failed")  # outcome actions that are alerts
 
@@ -70,6 +72,11 @@ class Version:
     @property
     def test(self) -> str | None:
         return self.metadata.get(TEST) or None
+
+    @property
+    def test_due(self) -> bool:
+        """No staging test yet, or one asked for (deploy N) after the last."""
+        return self.test is None or self.metadata.get(RETEST, "") > self.metadata.get(f"{TEST}_at", "")
 
     @property
     def passed(self) -> bool:
@@ -266,7 +273,7 @@ class Lifecycle:
             outcomes.append(self._outcome(stage, endpoint.name, "unchanged", target.number,
                                           f"{stage} {endpoint.name}: serves version {target.number}",
                                           where=endpoint.where))
-        if stage == STAGING and target.test is None:
+        if stage == STAGING and target.test_due:
             return outcomes + self.test(target, endpoint)
         if stage == PRODUCTION:
             line = self.account.in_service(stage)
@@ -330,6 +337,8 @@ class Lifecycle:
             raise Refused(f"version {version.number} is {version.status}, not Approved: approve it first")
         if stage == PRODUCTION:
             return self.promote(version)
+        if version.test is not None:  # tested again when staging serves it, here or at its InService event
+            self.account.set_metadata(version, {RETEST: self.now()})
         return self.reconcile(STAGING, Version(version.number, version.status,
                                                {k: v for k, v in version.metadata.items() if not k.startswith(TEST)},
                                                version.arn))

@@ -7,12 +7,20 @@ settings (`Settings.to_env`); the CLI hands the config's settings over directly.
 ENDPOINT_NAME / INSTANCE_TYPE / INSTANCE_COUNT (production), STAGING_ENDPOINT_NAME / STAGING_INSTANCE_TYPE /
 STAGING_INSTANCE_COUNT, MODEL_PACKAGE_GROUP, SAGEMAKER_ROLE_ARN (the models' execution role), DATA_CAPTURE_S3_URI and
 GUARDRAILS_ALARM (production), SCALING_MIN_INSTANCES / SCALING_MAX_INSTANCES / SCALING_TARGET_INVOCATIONS (production
-autoscaling), AUTO_PROMOTE, TEST_ROWS / TEST_MAX_ACCURACY_DROP / TEST_P95_MS (the endpoint test), ALERTS_TOPIC_ARN.
+autoscaling), AUTO_PROMOTE, TEST_ROWS / TEST_MAX_ACCURACY_DROP / TEST_P95_MS (the endpoint test), ALERTS_TOPIC_ARN,
+MARKERS_S3_URI.
+
+Concurrency (SageMaker may send several events per state change; async invocations are retried): under
+MARKERS_S3_URI, objects created only where absent (S3 PutObject If-None-Match: *) mark each state change handled
+(`claim`) and each revision of a version's metadata (`set_metadata`: a write claims revision n+1 of what it read, so a
+concurrent writer re-reads instead of overwriting; UpdateModelPackage itself has no condition to offer).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +29,8 @@ from steps.deploy import endpoint_check, lifecycle
 from steps.deploy import sagemaker_endpoints as endpoints
 
 SUBJECT_LIMIT = 99  # SNS: a subject is under 100 ASCII characters, one line
+REVISION = "lifecycle_revision"  # the metadata's revision, claimed under MARKERS_S3_URI by each write
+ABANDONED_S = 10.0  # a revision claimed this long ago and still not written: its writer died
 
 
 TARGET_INVOCATIONS = 100.0  # production autoscaling's target: invocations per instance per minute
@@ -44,6 +54,7 @@ class Settings:
     scaling: tuple[int, int, float] = (1, 1, TARGET_INVOCATIONS)  # min, max instances; invocations per instance
     topic_arn: str | None = None
     policy: lifecycle.Policy = field(default_factory=lifecycle.Policy)
+    markers_s3_uri: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -77,7 +88,7 @@ class Settings:
             raise endpoints.DeployError(f"the deploy Lambda's environment: {e}") from None
         return cls(get("MODEL_PACKAGE_GROUP"), staging, production, env.get("SAGEMAKER_ROLE_ARN") or None,
                    env.get("DATA_CAPTURE_S3_URI") or None, env.get("GUARDRAILS_ALARM") or None, scaling,
-                   env.get("ALERTS_TOPIC_ARN") or None, policy)
+                   env.get("ALERTS_TOPIC_ARN") or None, policy, env.get("MARKERS_S3_URI") or None)
 
     def to_env(self) -> dict[str, str]:
         """The Lambda's environment that `from_env` reads back as these settings (optional ones only when set)."""
@@ -101,7 +112,8 @@ class Settings:
             "SCALING_TARGET_INVOCATIONS": repr(float(target)),
         }
         optional = {"SAGEMAKER_ROLE_ARN": self.role_arn, "DATA_CAPTURE_S3_URI": self.data_capture_s3_uri,
-                    "GUARDRAILS_ALARM": self.guardrails_alarm, "ALERTS_TOPIC_ARN": self.topic_arn}
+                    "GUARDRAILS_ALARM": self.guardrails_alarm, "ALERTS_TOPIC_ARN": self.topic_arn,
+                    "MARKERS_S3_URI": self.markers_s3_uri}
         return variables | {key: value for key, value in optional.items() if value}
 
     def stage(self, stage: str) -> Stage:
@@ -121,8 +133,10 @@ def _version(package: dict) -> lifecycle.Version:
 
 
 def subject(line: str) -> str:
-    """An SNS subject: the line's first sentence, ASCII, at most 99 characters."""
-    text = line.encode("ascii", "replace").decode()
+    """An SNS subject (Publish: no line breaks or control characters, under 100 characters; printable ASCII, as
+    e-mail subjects want): the line's runs of whitespace and control characters as one space, at most 99."""
+    text = " ".join("".join(c if " " <= c <= "~" else "?" if c.isprintable() else " " for c in line).split())
+    text = text or "alert"
     return text if len(text) <= SUBJECT_LIMIT else text[: SUBJECT_LIMIT - 3] + "..."
 
 
@@ -164,12 +178,57 @@ class SageMakerAccount:
                 return _version(self.sm.describe_model_package(ModelPackageName=summary["ModelPackageArn"]))
         return None
 
+    def _marker(self, key: str) -> tuple[str, str]:
+        bucket, _, prefix = (self.settings.markers_s3_uri or "")[5:].partition("/")
+        return bucket, f"{prefix.rstrip('/')}/{key}".lstrip("/")
+
+    def claim(self, key: str) -> bool:
+        """Create the marker `key`; False when it exists (claimed before). True when there is nowhere to keep one."""
+        if not self.settings.markers_s3_uri or self.s3 is None:
+            return True
+        bucket, name = self._marker(key)
+        try:
+            self.s3.put_object(Bucket=bucket, Key=name, Body=b"", IfNoneMatch="*")
+        except Exception as e:
+            if endpoints._error_code(e)[0] in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
+    def release(self, key: str) -> None:
+        """Delete the marker `key` (what it marked did not happen after all)."""
+        if self.settings.markers_s3_uri and self.s3 is not None:
+            bucket, name = self._marker(key)
+            self.s3.delete_object(Bucket=bucket, Key=name)
+
+    def _read_and_claim(self, version: lifecycle.Version) -> tuple[dict, str]:
+        """The package, and the next revision of its metadata, claimed; a claim held by a live writer is waited out
+        (then read again), one claimed ABANDONED_S ago and never written is passed over."""
+        first_seen: dict[str, float] = {}
+        while True:
+            package = self.sm.describe_model_package(ModelPackageName=version.arn)
+            read = int((package.get("CustomerMetadataProperties") or {}).get(REVISION) or 0)
+            for number in itertools.count(read + 1):
+                key = f"revisions/{self.settings.group}/{version.number}/{number}"
+                if self.claim(key):
+                    return package, str(number)
+                if time.monotonic() - first_seen.setdefault(key, time.monotonic()) < ABANDONED_S:
+                    break
+            time.sleep(0.2)
+
     def set_metadata(self, version: lifecycle.Version, values: dict[str, str]) -> None:
-        """Read, merge, write the whole map (moto would otherwise drop the keys not sent). The approval status is not
-        sent (a stale one could undo a rejection made meanwhile); moto drops it then, so it is restored if gone."""
-        package = self.sm.describe_model_package(ModelPackageName=version.arn)
+        """Read, merge, write the whole map (moto would otherwise drop the keys not sent) as the next claimed
+        revision, so a concurrent write is merged, not lost. The approval status is not sent (a stale one could undo
+        a rejection made meanwhile); moto drops it then, so it is restored if gone."""
+        package, revision = self._read_and_claim(version)
         merged = {**(package.get("CustomerMetadataProperties") or {}), **values}
-        self.sm.update_model_package(ModelPackageArn=version.arn, CustomerMetadataProperties=merged)
+        if self.settings.markers_s3_uri and self.s3 is not None:
+            merged[REVISION] = revision
+        try:
+            self.sm.update_model_package(ModelPackageArn=version.arn, CustomerMetadataProperties=merged)
+        except Exception:
+            self.release(f"revisions/{self.settings.group}/{version.number}/{revision}")
+            raise
         status = package.get("ModelApprovalStatus")
         if status and not self.sm.describe_model_package(ModelPackageName=version.arn).get("ModelApprovalStatus"):
             kept = {"ApprovalDescription": package["ApprovalDescription"]} if package.get("ApprovalDescription") else {}

@@ -224,7 +224,7 @@ def deploy(
     except Exception as e:
         if _error_code(e)[0] != "ValidationException":
             raise
-        return _after_race(sm, endpoint_name, result)  # e.g. "Cannot update in-progress endpoint"
+        return _after_race(sm, endpoint_name, result, _error_code(e)[1])  # e.g. "Cannot update in-progress endpoint"
     return {**result, "action": "updated", "previous_endpoint_config_name": endpoint.get("EndpointConfigName", "")}
 
 
@@ -255,12 +255,16 @@ def _check_ready(endpoint_name: str, endpoint: dict | None) -> None:
         )
 
 
-def _after_race(sm: Any, endpoint_name: str, result: dict) -> dict:
-    """Another caller changed the endpoint between our describe and our call: success if it went our way."""
+def _after_race(sm: Any, endpoint_name: str, result: dict, refusal: str = "") -> dict:
+    """Another caller changed the endpoint between our describe and our call: success if it went our way. An
+    UpdateEndpoint `refusal` of an endpoint that is neither ours nor busy was no race: its message is the error."""
     endpoint = describe(sm.describe_endpoint, EndpointName=endpoint_name)
     if endpoint is not None and target_config(endpoint) == result["endpoint_config_name"]:
         return converged(result, endpoint)
     _check_ready(endpoint_name, endpoint)
+    if refusal:
+        raise DeployError(f"endpoint {endpoint_name}: UpdateEndpoint to {result['endpoint_config_name']} refused: "
+                          f"{' '.join(refusal.split())}")
     raise DeployError(f"endpoint {endpoint_name} changed while deploying; deploy again")
 
 
