@@ -129,6 +129,23 @@ def list_executions(
 
 
 @app.command()
+def runs(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
+    local: LOCAL = False,
+    root: ROOT = None,
+) -> None:
+    """The executions' MLflow runs, newest first: key parameters and metrics side by side (mlflow ui shows all)."""
+    from pipeline.config_tracking import experiment
+    from pipeline.tracking.store import list_runs, store_uri
+    from pipeline.tracking.view import runs_table
+
+    cfg = ctx.obj.load(local)
+    uri = store_uri(cfg, local, root)
+    console.print(runs_table(list_runs(uri, experiment(cfg), limit), experiment(cfg), uri))
+
+
+@app.command()
 def serve(
     ctx: typer.Context,
     version: Annotated[int | None, typer.Option(help="Model version (default: latest Approved).")] = None,

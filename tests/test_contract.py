@@ -31,6 +31,11 @@ COPIES = [  # (script, its constant, the contract's value)
     ("steps/endpoint_check.py", "SAMPLE_FILE", contract.SAMPLE_FILE),
     ("steps/lifecycle.py", "APPROVED", contract.APPROVED),
     ("steps/sagemaker_endpoints.py", "APPROVED", contract.APPROVED),
+    ("training/tracking.py", "TRACKING_URI_ENV", contract.TRACKING_URI_ENV),
+    ("training/tracking.py", "EXPERIMENT_ENV", contract.EXPERIMENT_ENV),
+    ("training/tracking.py", "EXECUTION_ENV", contract.EXECUTION_ENV),
+    ("training/tracking.py", "EXECUTION_TAG", contract.EXECUTION_TAG),
+    ("training/tracking.py", "UNTRACKED", contract.UNTRACKED),
 ]
 
 

@@ -15,12 +15,13 @@ from typing import Any
 
 from pipeline.code import step_module
 from pipeline.config import Config
-from pipeline.contract import APPROVED, PENDING
+from pipeline.contract import APPROVED, PENDING, RUN_ID_METADATA
 from pipeline.errors import UserError
 from pipeline.local.account import LocalAccount, lifecycle
 from pipeline.local.jobs import StepFailed
 from pipeline.local.registry import Registry
 from pipeline.local.storage import Layout
+from pipeline.tracking.store import local_uri, tag_version
 
 deploy_handler = step_module("deploy")
 
@@ -78,6 +79,10 @@ class LocalServices:
             description=args.get("ModelPackageDescription", ""),
             environment=container.get("Environment"),
         )
+        warning = tag_version(local_uri(self.layout.root), version.customer_metadata.get(RUN_ID_METADATA, ""),
+                              version.version, version.arn)
+        if warning:
+            self.step_lines.append(warning)
         return {"ModelPackageArn": version.arn, "ModelPackageVersion": version.version}
 
     def invoke_lambda(self, function_arn: str, inputs: dict) -> dict:
