@@ -36,7 +36,7 @@ def env(uri: str, execution: str = "exec-1", **more: str) -> dict[str, str]:
 def log_two_steps(environ: dict[str, str]) -> tuple[str | None, str | None]:
     """What Train then Evaluate log, each with its own tracker (as two jobs do)."""
     train = tracking.Tracker("Train", environ)
-    train.log(metrics={"steady_samples_per_sec": 123.5, "val_accuracy": None}, params={"learning_rate": 5e-5},
+    train.log(metrics={"samples_per_sec": 123.5, "val_accuracy": None}, params={"learning_rate": 5e-5},
               curves={"train_loss": [(10, 0.69), (20, 0.41)]})
     evaluate = tracking.Tracker("Evaluate", environ)
     evaluate.log(metrics={"eval_accuracy": 0.91}, tags={"serving.int8": "true"})
@@ -52,7 +52,7 @@ def check_run(uri: str, run_id: str) -> None:
     assert run.info.status == "FINISHED" and run.info.run_name == "exec-1"
     assert run.data.tags[contract.EXECUTION_TAG] == "exec-1" and run.data.tags["serving.int8"] == "true"
     assert run.data.params == {"learning_rate": "5e-05"}
-    assert run.data.metrics == {"steady_samples_per_sec": 123.5, "eval_accuracy": 0.91, "train_loss": 0.41}
+    assert run.data.metrics == {"samples_per_sec": 123.5, "eval_accuracy": 0.91, "train_loss": 0.41}
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(10, 0.69), (20, 0.41)]
     assert client.get_experiment(run.info.experiment_id).name == "bert"
 
