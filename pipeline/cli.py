@@ -130,6 +130,23 @@ def list_executions(
     console.print(views.executions_table(target.executions(limit), target.cfg.pipeline.name))
 
 
+@app.command(rich_help_panel=EXECUTIONS)
+def runs(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
+    local: LOCAL = False,
+    root: ROOT = None,
+) -> None:
+    """The executions' MLflow runs, newest first: key parameters and metrics side by side (mlflow ui shows all)."""
+    from pipeline.config_tracking import experiment
+    from pipeline.tracking.store import list_runs, store_uri
+    from pipeline.tracking.view import runs_table
+
+    cfg = ctx.obj.load(local)
+    uri = store_uri(cfg, local, root)
+    console.print(runs_table(list_runs(uri, experiment(cfg), limit), experiment(cfg), uri))
+
+
 @app.command(rich_help_panel=ENDPOINTS)
 def serve(
     ctx: typer.Context,

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 from pipeline.config_aws import Aws
 from pipeline.config_base import INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
 from pipeline.config_deploy import Alerts, Deploy
+from pipeline.config_tracking import Tracking
 from pipeline.config_training import Training
 from pipeline.errors import ConfigError
 from pipeline.overrides import flatten, merge, parse_override, read_mapping, set_path
@@ -205,6 +206,7 @@ class Config(Section):
     training: Training
     evaluation: Evaluation
     registry: Registry = Registry()
+    tracking: Tracking = Tracking()
     deploy: Deploy
     triggers: Triggers = Triggers()
     alerts: Alerts = Alerts()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.code import bundles
 from pipeline.config import Config
+from pipeline.config_tracking import experiment
 from pipeline.sdk import MODEL_INPUT, StepParts, offline_sdk
 from steps import contract
 
@@ -139,12 +140,24 @@ class Steps(StepParts):
                 "HF_HUB_DISABLE_TELEMETRY": "1",
                 **TRAINING_ENVIRONMENT,
                 **self.hub_offline,
+                **self.tracking(),
             },
             hyperparameters=self.hyperparameters(),
             tags=[Tag(key=tag["Key"], value=tag["Value"]) for tag in self.tags] or None,
         ).with_metric_definitions([dict(metric) for metric in contract.METRIC_DEFINITIONS])
         return TrainingStep(name=contract.TRAIN, step_args=trainer.train(), cache_config=self.cache,
                             retry_policies=self.retry)
+
+    def tracking(self) -> dict[str, Any]:
+        """The MLflow environment of Train and Evaluate (training/tracking.py): the tracking server (none on AWS without
+        tracking.server_arn; the local runner sets its own store), the experiment and this execution, whose run both
+        steps log to."""
+        from sagemaker.core.workflow import ExecutionVariables
+
+        server = self.cfg.tracking.server_arn
+        return {**({contract.TRACKING_URI_ENV: server} if server else {}),
+                contract.EXPERIMENT_ENV: experiment(self.cfg),
+                contract.EXECUTION_ENV: ExecutionVariables.PIPELINE_EXECUTION_ID}
 
     # 3. Evaluate: the whole test split's metrics from the Train step's predictions, checked on a sample here.
     def evaluate(self, tokenize: ProcessingStep, train: TrainingStep, report: PropertyFile) -> ProcessingStep:
@@ -153,7 +166,7 @@ class Steps(StepParts):
         evaluation = self.cfg.evaluation
         return ProcessingStep(
             name=contract.EVALUATE,
-            step_args=self.processor("evaluation", evaluation, self.cfg.image("evaluation")).run(
+            step_args=self.processor("evaluation", evaluation, self.cfg.image("evaluation"), self.tracking()).run(
                 inputs=[
                     *self.code_inputs("evaluation"),
                     self.s3_input("model", train.properties.ModelArtifacts.S3ModelArtifacts, contract.MODEL_DIR),
@@ -236,6 +249,7 @@ class Steps(StepParts):
                     "accuracy": self.report_value(evaluate, report, contract.ACCURACY_PATH).to_string(),
                     "training_job": train.properties.TrainingJobName,
                     "pipeline_execution": ExecutionVariables.PIPELINE_EXECUTION_ARN,
+                    contract.RUN_ID_METADATA: self.report_value(evaluate, report, contract.RUN_ID_PATH),
                 },
             ),
         )
@@ -306,7 +320,16 @@ def build_pipeline(cfg: Config) -> Pipeline:
         # No SageMaker Experiment and trial per execution (the SDK's default in some regions): nothing here reads
         # them, and the execution role is not allowed to create them.
         pipeline_experiment_config=None,
+        mlflow_config=mlflow_config(cfg),
     )
+
+
+def mlflow_config(cfg: Config) -> Any:
+    """The pipeline's MlflowConfig (its SageMaker managed MLflow server and experiment), None without one."""
+    from sagemaker.core.shapes.shapes import MlflowConfig
+
+    server = cfg.tracking.server_arn
+    return MlflowConfig(mlflow_resource_arn=server, mlflow_experiment_name=experiment(cfg)) if server else None
 
 
 def definition(cfg: Config) -> str:

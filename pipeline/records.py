@@ -117,6 +117,7 @@ class RunSummary:
     artifacts: str = ""
     approve_hint: str = ""
     lifecycle: list[str] = field(default_factory=list)  # what the Deploy step did on staging and production
+    plot: str = ""  # the summary PNG (loss, throughput, confusion matrix), where one was written
 
 
 OnUpdate = Callable[[ExecutionView], None]

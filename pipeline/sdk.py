@@ -96,7 +96,8 @@ class StepParts:
         self.staged_model = cfg.training.model_id.startswith("s3://")
         self.hub_offline = HUB_OFFLINE if not (cfg.training.model_from_hub or cfg.data.from_hub) else {}
 
-    def processor(self, step: str, resources: ProcessingResources, image: str) -> Processor:
+    def processor(self, step: str, resources: ProcessingResources, image: str,
+                  env: dict[str, Any] | None = None) -> Processor:
         from sagemaker.core.network import NetworkConfig
         from sagemaker.core.processing import Processor
 
@@ -113,7 +114,7 @@ class StepParts:
             entrypoint=["python3", f"{contract.CODE_DIR}/{contract.ENTRY_POINT}", step],
             base_job_name=f"{cfg.pipeline.name}-{step}",
             sagemaker_session=self.session,
-            env={"PIP_DEFAULT_TIMEOUT": "20", **self.hub_offline},
+            env={"PIP_DEFAULT_TIMEOUT": "20", **self.hub_offline, **(env or {})},
             tags=self.tags or None,
             network_config=NetworkConfig(subnets=vpc.subnets, security_group_ids=vpc.security_group_ids)
             if vpc

@@ -168,6 +168,8 @@ def print_summary(summary: RunSummary, console: Console) -> None:
             command = f"curl -s {deployment.where}/invocations -H 'Content-Type: application/json' -d {body}"
             console.print(f"try it: {command}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"logs and artifacts: {summary.artifacts}")
+    if summary.plot:
+        console.print(f"loss, throughput and confusion matrix: {summary.plot}")
 
 
 def print_upsert(report: Upserted, name: str, console: Console) -> None:

@@ -161,7 +161,9 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     fn, tn = int(((preds == 0) & (labels == 1)).sum()), int(((preds == 0) & (labels == 0)).sum())
     assert 0 < tp + fp < 40, "the random model should predict both classes for a meaningful test"
 
-    assert set(result) == {"version", "binary_classification_metrics", "dataset", "check", "inference", "seconds"}
+    assert set(result) == {"version", "binary_classification_metrics", "dataset", "check", "inference", "seconds",
+                           "tracking"}
+    assert result["tracking"] == {"run_id": "none", "experiment": "trainium-bert"}  # no MLflow environment: untracked
     metrics = result["binary_classification_metrics"]
     for name in ("accuracy", "precision", "recall", "f1", "auc", "true_positive_rate", "false_positive_rate"):
         assert isinstance(metrics[name]["value"], float) and isinstance(metrics[name]["standard_deviation"], float)

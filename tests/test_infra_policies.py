@@ -98,8 +98,11 @@ def rendered(kms: bool = False, config=None) -> dict[str, Any]:
     params = stack_parameters(config or cfg(), bucket="", kms=kms)
     declared = set(TEMPLATE["Parameters"])
     assert set(params) == declared, "bootstrap must pass every template parameter (the unchanged check needs it)"
+    creates = params["CreateTrackingServer"] == "true"
     conditions = {"CreateKmsKey": kms, "DefaultBucketName": params["BucketName"] == "",
-                  "HasAlertEmail": params["AlertEmail"] != ""}
+                  "HasAlertEmail": params["AlertEmail"] != "",
+                  "CreatesTrackingServer": creates,
+                  "HasTrackingServer": creates or params["TrackingServerResource"] != ""}
     return {name: resolve(res, params, conditions) for name, res in TEMPLATE["Resources"].items()
             if "Condition" not in res or conditions[res["Condition"]]}
 

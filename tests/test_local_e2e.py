@@ -110,6 +110,7 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     assert accuracy == pytest.approx(whole / test_rows)
     assert f"accuracy on the test split: {accuracy:.4f}" in out
     assert "registered: trainium-bert version 1 (Approved)" in out
+    assert "loss, throughput and confusion matrix: " in out and "summary.png" in out
     model_data = account.s3.path(execution.steps["Train"].properties["ModelArtifacts"]["S3ModelArtifacts"])
     assert model_data.name == "model.tar.gz" and model_data.exists()
 
@@ -146,6 +147,60 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
         predictions = json.loads(response["Body"].read())
         assert [p["label"] for p in predictions] == list(CLEAR.values()), (stage, predictions)
         assert all(0.5 <= p["score"] <= 1.0 for p in predictions)
+
+
+def test_the_run_is_one_mlflow_run_holding_what_the_step_files_hold(setup, capsys):
+    """`run --local` (the test above) logged one run to the local store: the Train step's parameters, loss curve and
+    throughput, Evaluate's metrics and serving variant, equal to training_stats.json and evaluation.json; the
+    registered version and the run name each other; the summary drew its PNG; `runs --local` lists the run."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking.store import local_uri
+
+    folder, overrides, account = setup
+    (execution,) = account.records()
+    client = MlflowClient(local_uri(folder / "local"))
+    experiment = client.get_experiment_by_name("trainium-bert")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == execution.id and run.info.status == "FINISHED"
+    model = account.s3.path(execution.steps["Train"].properties["ModelArtifacts"]["S3ModelArtifacts"])
+    with tarfile.open(model.with_name("output.tar.gz")) as t:
+        stats = json.load(t.extractfile("training_stats.json"))
+    outputs = execution.steps["Evaluate"].properties["ProcessingOutputConfig"]["Outputs"]
+    report = json.loads((account.s3.path(outputs["evaluation"]["S3Output"]["S3Uri"]) / "evaluation.json").read_text())
+    metrics, params, tags = run.data.metrics, run.data.params, run.data.tags
+
+    hyperparameters = execution.steps["Train"].properties["HyperParameters"]
+    for key in ("learning-rate", "batch-size", "epochs", "max-steps", "seed", "max-length", "log-interval"):
+        assert params[key.replace("-", "_")] == hyperparameters[key], key
+    assert params["world_size"] == "2" and params["learning_rate"] == "0.005"
+    curve = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert curve == [(i["step"], i["loss"]) for i in stats["intervals"]] and len(curve) >= 2
+    throughput = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "interval_samples_per_sec")]
+    assert throughput == [(i["step"], i["samples_per_sec"]) for i in stats["intervals"]]
+    for key in ("samples_per_sec", "samples_per_sec_with_warmup", "warmup_s", "model_tflops_per_sec", "val_accuracy",
+                "test_accuracy"):
+        assert metrics[key] == stats[key], key
+    assert stats["samples_per_sec"] > 0 and stats["warmup_s"] >= 0
+
+    bcm = report["binary_classification_metrics"]
+    assert {k: metrics[f"eval_{k}"] for k in ("accuracy", "f1", "auc")} == {k: bcm[k]["value"] for k in
+                                                                             ("accuracy", "f1", "auc")}
+    inference = report["inference"]
+    assert params["serving_variant"] == tags["serving.variant"] == inference["variant"]
+    assert tags["serving.int8"] == str(inference["quantize"] == "int8").lower()
+
+    assert report["tracking"]["run_id"] == run.info.run_id
+    (version,) = account.registry.list("trainium-bert")
+    assert version.customer_metadata["mlflow_run_id"] == run.info.run_id
+    assert tags["model_version"] == str(version.version) and tags["model_package_arn"] == version.arn
+
+    plot = account.layout.execution(execution.pipeline, execution.id) / "summary.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, out = cli(capsys, *[a for o in overrides for a in ("--set", o)], "runs", "--local", "--root",
+                    str(folder / "local"))
+    assert code == 0, out
+    assert execution.id in out.replace("\n", "")  # the table may fold long cells
 
 
 def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):

@@ -84,6 +84,9 @@ MARKER = "COMPLETE"
 KEEP_CHECKPOINTS = 2
 BATCHES_PER_MEGABATCH = 64
 STATS_FILE = "training_stats.json"
+TRACKED_STATS = ("samples_per_sec", "samples_per_sec_with_warmup", "warmup_s", "model_tflops_per_sec", "tokens_per_sec",
+                 "padding_efficiency", "wall_time_s", "val_accuracy", "test_accuracy", "compile_count", "compile_s",
+                 "peak_device_memory_gb")  # training_stats.json keys logged as the final metrics of the MLflow run
 PREDICTIONS_FILE = "predictions/test.parquet"
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 # Instance types whose multi-node collectives go over EFA (the toolkit itself only knows trn1.32xlarge).
@@ -700,6 +703,21 @@ def write_stats(rt: Runtime, output_data_dir: str, stats: dict) -> None:
         rt.log(f"training_stats={json.dumps(stats)}")
 
 
+def track(args: argparse.Namespace, rt: Runtime, stats_file: Path) -> None:
+    """The run's parameters, loss and throughput per log interval and final metrics, as training_stats.json holds
+    them, to the execution's MLflow run (best effort: see tracking.py)."""
+    import tracking  # beside this script, which torchrun runs from its folder
+
+    stats = json.loads(stats_file.read_text())
+    params = {k: v for k, v in vars(args).items() if not k.endswith("_dir")}
+    tracking.Tracker("Train").log(
+        metrics={k: stats.get(k) for k in TRACKED_STATS},
+        params={**params, "device": rt.device_type, "world_size": rt.world_size, "bf16": rt.bf16},
+        curves={"train_loss": [(i["step"], i["loss"]) for i in stats["intervals"]],
+                "interval_samples_per_sec": [(i["step"], i["samples_per_sec"]) for i in stats["intervals"]]},
+    )
+
+
 # -----------------------------------------------------------------------------
 
 
@@ -786,7 +804,7 @@ def main(argv: list[str] | None = None) -> None:
     interval_steps = 0
     real_tokens = padded_tokens = 0
     last_loss, stopping = None, False
-    compiles_per_epoch = []
+    compiles_per_epoch, intervals = [], []  # intervals: each log read-out's step, loss and samples/s
     throughput = Throughput(raw_model.config, rt.world_size)
     while step < total_steps:
         epoch = step // steps_per_epoch
@@ -811,8 +829,10 @@ def main(argv: list[str] | None = None) -> None:
                 # the stop flag is agreed by all ranks, unlike the local one the signal handler sets
                 loss_total, stopping = read_out(rt, loss_sum, stop["requested"])
                 last_loss = loss_total / (interval_steps * args.grad_accum * rt.world_size)
+                rate = throughput.interval()
+                intervals.append({"step": step, "loss": last_loss, "samples_per_sec": rate})
                 rt.log(
-                    f"step={step} epoch={epoch} loss={last_loss:.4f} samples_per_sec={throughput.interval():.1f} "
+                    f"step={step} epoch={epoch} loss={last_loss:.4f} samples_per_sec={rate:.1f} "
                     f"lr={scheduler.get_last_lr()[0]:.1e}"
                 )
                 loss_sum = torch.zeros(()).to(rt.device)
@@ -863,8 +883,10 @@ def main(argv: list[str] | None = None) -> None:
         "compile_s": met.metric_data("CompileTime")[1] / 1e9 if rt.xla else None,
         "compile_count_per_epoch": compiles_per_epoch if rt.xla else None,
         "length_buckets": buckets,
+        "intervals": intervals,
     })
     if rt.master:
+        track(args, rt, Path(args.output_data_dir) / STATS_FILE)
         save_model(raw_model.to("cpu"), args.model_id, Path(args.model_dir), args.max_length)
         if "test" in margins:
             write_predictions(Path(args.model_dir) / PREDICTIONS_FILE, test, margins["test"])

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.code import job_bundles
 from pipeline.config import Config
-from pipeline.cost import ExecutionCost
+from pipeline.cost import ExecutionCost, stats_from_tarball
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.parameters import resolve
 from pipeline.dag.selection import RERUN, Selection, Source, check_retry, inherit, select
@@ -24,6 +24,8 @@ from pipeline.local.runner import LocalRunner
 from pipeline.local.services import LocalServices
 from pipeline.local.storage import DEFINITION_FILE, LOCAL_ARN, RECORD_FILE, Layout
 from pipeline.records import Approval, Changes, StageView, Upserted, VersionView, changes, run_summary
+from pipeline.tracking.plot import PLOT_FILE, write_summary_plot
+from pipeline.tracking.store import local_uri
 from steps import contract
 
 if TYPE_CHECKING:
@@ -104,7 +106,8 @@ class LocalBackend:
 
     def _runner(self, definition: dict, use_cache: bool, on_update: Callable[[Execution], None] | None) -> LocalRunner:
         return LocalRunner(definition, self.pipeline, self.layout.root, processes=self.cfg.local.processes,
-                           use_cache=use_cache, services=self.services, on_update=on_update)
+                           use_cache=use_cache, services=self.services, on_update=on_update,
+                           tracking_uri=local_uri(self.layout.root))
 
     def _selection(
         self, definition: dict, steps: list[str], source: str | None, parameters: dict[str, str]
@@ -202,7 +205,16 @@ class LocalBackend:
             log_tail=log_tail,
         )
         summary.lifecycle = list(self.services.step_lines)
+        summary.plot = str(write_summary_plot(
+            self.layout.execution(execution.pipeline, execution.id) / PLOT_FILE, self._training_stats(steps.get(
+                contract.TRAIN)), self._evaluation(steps.get(contract.EVALUATE)), f"execution {execution.id}") or "")
         return summary
+
+    def _training_stats(self, train: StepRecord | None) -> dict | None:
+        """The training_stats.json of the Train step's output.tar.gz, if it ran."""
+        model = (train.properties.get("ModelArtifacts") or {}).get("S3ModelArtifacts") if train else None
+        archive = self.s3.path(model).with_name(contract.OUTPUT_ARCHIVE) if model else None
+        return stats_from_tarball(archive.read_bytes()) if archive and archive.exists() else None
 
     def versions(self, status: str | None) -> list[VersionView]:
         return [version_view(v) for v in self.registry.list(self.group, status=status)]

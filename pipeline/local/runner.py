@@ -27,6 +27,7 @@ from pipeline.local.cache import StepCache
 from pipeline.local.execution import Execution, ExecutionState, StepRecord, now
 from pipeline.local.jobs import StepFailed, run_processing, run_training
 from pipeline.local.storage import DEFINITION_FILE, Layout, LocalS3
+from steps import contract
 
 
 class StepServices(Protocol):
@@ -94,7 +95,7 @@ def job_step(launch: Callable[[StepRun, str, dict, IO[str]], dict]) -> Callable[
         stamp = run.record.started[:19].replace(":", "").replace("-", "")
         job = f"{run.record.name.lower()}-{stamp}-{secrets.token_hex(2)}"
         with open(run.record.log, "w") as log:
-            properties = launch(run, job, args, log)
+            properties = launch(run, job, run.runner.local_environment(args), log)
         cache.put(key, properties)
         return properties
 
@@ -157,7 +158,9 @@ class LocalRunner:
         use_cache: bool = True,
         services: StepServices | None = None,
         on_update: Callable[[Execution], None] | None = None,
+        tracking_uri: str | None = None,
     ) -> None:
+        self.tracking_uri = tracking_uri  # the local MLflow store, for the steps that the definition has track
         self.definition = definition
         self.graph = StepGraph(definition)
         self.pipeline = pipeline
@@ -167,6 +170,14 @@ class LocalRunner:
         self.processes = processes
         self.services = services
         self.on_update = on_update or (lambda execution: None)
+
+    def local_environment(self, args: dict) -> dict:
+        """A job's arguments with this machine's MLflow store as its tracking URI, where the definition has the step
+        track (it names the execution to track): a local run never logs to the configured server."""
+        environment = args.get("Environment") or {}
+        if not (self.tracking_uri and contract.EXECUTION_ENV in environment):
+            return args
+        return {**args, "Environment": {**environment, contract.TRACKING_URI_ENV: self.tracking_uri}}
 
     def run(
         self, overrides: dict[str, str] | None = None, *, selection: Selection | None = None,

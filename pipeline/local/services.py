@@ -20,7 +20,8 @@ from pipeline.local.account import LocalAccount
 from pipeline.local.jobs import StepFailed
 from pipeline.local.registry import Registry
 from pipeline.local.storage import Layout
-from steps.contract import APPROVED, PENDING
+from pipeline.tracking.store import local_uri, tag_version
+from steps.contract import APPROVED, PENDING, RUN_ID_METADATA
 from steps.deploy import handler as deploy_handler
 from steps.deploy import lifecycle
 
@@ -71,6 +72,10 @@ class LocalServices:
             description=args.get("ModelPackageDescription", ""),
             environment=container.get("Environment"),
         )
+        warning = tag_version(local_uri(self.layout.root), version.customer_metadata.get(RUN_ID_METADATA, ""),
+                              version.version, version.arn)
+        if warning:
+            self.step_lines.append(warning)
         return {"ModelPackageArn": version.arn, "ModelPackageVersion": version.version}
 
     def invoke_lambda(self, function_arn: str, inputs: dict) -> dict:

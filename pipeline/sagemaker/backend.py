@@ -20,6 +20,7 @@ from pipeline.sagemaker import executions, registry
 from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
 from pipeline.sagemaker.cost import sagemaker_costs
 from pipeline.sagemaker.upsert import upsert
+from pipeline.tracking.store import tag_version
 from steps import contract
 from steps.deploy import endpoint_check, lifecycle, sagemaker_account, sagemaker_endpoints
 
@@ -135,11 +136,12 @@ class SageMakerBackend:
     def summary(self, execution: ExecutionView) -> RunSummary:
         details = {s.name: s.details for s in execution.steps or []}
         package = details.get(contract.REGISTER, {}).get("RegisterModel", {}).get("Arn")
-        registered = None
+        registered, tagging = None, None
         if package:
-            registered = version_view(registry.describe(self.aws, self.group, int(package.rsplit("/", 1)[-1])))
+            described = registry.describe(self.aws, self.group, int(package.rsplit("/", 1)[-1]))
+            registered, tagging = version_view(described), self._tag_run(described)
         deployed = details.get(contract.DEPLOY, {}).get("Lambda", {}).get("OutputParameters", [])
-        return run_summary(
+        summary = run_summary(
             execution,
             report=self._evaluation(details),
             registered=registered,
@@ -149,6 +151,15 @@ class SageMakerBackend:
             artifacts=f"{self.cfg.s3_root}/executions/{execution.id}",
             local=False,
         )
+        summary.lifecycle += [tagging] if tagging else []
+        return summary
+
+    def _tag_run(self, version: dict) -> str | None:
+        """The run the version came from gets its number (the version carries the run's id): best effort, a warning
+        line when it fails (this CLI's credentials need sagemaker-mlflow:SetTag)."""
+        server = self.cfg.tracking.server_arn
+        run_id = version["metadata"].get(contract.RUN_ID_METADATA, "")
+        return tag_version(server, run_id, version["version"], version.get("arn", "")) if server else None
 
     def versions(self, status: str | None) -> list[VersionView]:
         return [version_view(row) for row in registry.list_versions(self.aws, self.group, status)]

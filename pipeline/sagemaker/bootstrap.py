@@ -29,6 +29,7 @@ OUTPUT_KEYS = {
     "ModelPackageGroupName": "pipeline.model_package_group",
     "AlertsTopicArn": "alerts.topic_arn",
     "KmsKeyArn": "aws.kms_key_id",
+    "TrackingServerArn": "tracking.server_arn",
 }
 # images.<key> -> template parameter naming its ECR repository
 IMAGE_PARAMETERS = {
@@ -71,6 +72,17 @@ def _call(action: str, call: Callable[..., Any], **kwargs: Any) -> Any:
         raise BootstrapError(explain(e, action)) from None
 
 
+def tracking_parameters(cfg: Config) -> dict[str, str]:
+    """tracking.create_server: the stack makes (and owns) the tracking server; else the configured one, if any, which
+    must be of this account and region (the execution role is granted it by the resource part of its ARN)."""
+    arn = "" if cfg.tracking.create_server else cfg.tracking.server_arn or ""
+    if arn and arn.split(":")[3:5] != [cfg.aws.region, cfg.aws.account]:
+        raise BootstrapError(f"tracking.server_arn={arn!r}: expected a server of region {cfg.aws.region} and account "
+                             f"{cfg.aws.account}, those of the execution role")
+    return {"CreateTrackingServer": str(cfg.tracking.create_server).lower(),
+            "TrackingServerResource": arn.split(":", 5)[5].removeprefix("mlflow-") if arn else ""}
+
+
 def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = None) -> dict[str, str]:
     """The template parameters, from the config (checked here: a bad value fails before any call). bucket / kms
     None: BucketName / UseKmsKey are left out, i.e. the deployed value on update (a bucket is never replaced)."""
@@ -104,6 +116,7 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
         **({} if kms is None else {"UseKmsKey": "true" if kms else "false"}),
         "CheckpointExpirationDays": "30",
         "NoncurrentVersionExpirationDays": "30",
+        **tracking_parameters(cfg),
     }
     accounts = set()
     for key, parameter in IMAGE_PARAMETERS.items():

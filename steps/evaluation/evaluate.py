@@ -37,7 +37,7 @@ Output OUTPUT/evaluation.json, in the model quality format SageMaker Studio show
                    "candidates": [{"variant", "accuracy", "accuracy_loss", "accuracy_loss_ci95", "chosen", "p50_ms"}],
                    "fp32_accuracy", "sample_fp32_accuracy", "sample_size", "tolerance",
                    "onnx": {"onnxruntime", "opset", "fused", "packages"} | null},
-     "seconds": ...}
+     "seconds": ..., "tracking": {"run_id": the execution's MLflow run ("none": untracked), "experiment"}}
 
 Accuracy is computed by the `evaluate` library with the metric module shipped in metrics/accuracy/ (loaded by
 path, never from the Hub); the other metrics by quality.py.
@@ -61,7 +61,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from steps.contract import MODEL_ARCHIVE, PREDICTIONS_FILE, REPORT_FILE, SERVING_DIR, TEXT_COLUMNS
-from steps.evaluation import endpoint_sample, quality, serving
+from steps.evaluation import endpoint_sample, evaluation_tracking, quality, serving
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "accuracy"
 COLUMNS = ("input_ids", "token_type_ids", "label")
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the step; exit status 1 with a one-line message on a missing, unreadable or inconsistent input."""
     args = parse_args(argv)
     try:
-        run(args)
+        evaluation_tracking.log(run(args), args, Path(args.output_dir) / REPORT_FILE)
     except StepError as e:
         print(f"evaluate failed: {e}", file=sys.stderr)
         return 1

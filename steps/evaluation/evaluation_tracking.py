@@ -1,0 +1,34 @@
+"""The Evaluate step's part of the execution's MLflow run (see tracking.py): its metrics, the serving variant and the
+int8 decision."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from steps.evaluation import tracking
+
+
+def log(result: dict[str, Any], args: argparse.Namespace, report: Path) -> None:
+    """The metrics, the serving variant and its int8 decision to the execution's MLflow run (best effort, see
+    tracking.py), then the run into the `report` as its "tracking" section: the run's id, "none" when untracked (the
+    registered version's metadata value it becomes cannot be empty)."""
+    inference = result["inference"]
+    metrics = {f"eval_{name}": m["value"] for name, m in result["binary_classification_metrics"].items()
+               if isinstance(m, dict) and isinstance(m.get("value"), int | float)}
+    tracker = tracking.Tracker("Evaluate")
+    tracker.log(
+        metrics={**metrics, "eval_cpu_agreement": result["check"]["agreement"],
+                 "serving_accuracy": inference.get("accuracy"),
+                 "serving_accuracy_loss": inference.get("accuracy_loss")},
+        params={"serving_variant": inference["variant"], "serving_runtime": inference["runtime"],
+                "serving_quantize": inference["quantize"], "int8_considered": args.int8,
+                "int8_tolerance": args.int8_tolerance, "eval_sample_size": args.sample_size},
+        tags={"serving.variant": inference["variant"], "serving.int8": str(inference["quantize"] == "int8").lower(),
+              "serving.reason": inference["reason"][:5000]},
+    )
+    tracker.finish()
+    result["tracking"] = {"run_id": tracker.run_id or tracking.UNTRACKED, "experiment": tracker.experiment}
+    report.write_text(json.dumps(result, indent=2) + "\n")

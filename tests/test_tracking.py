@@ -1,0 +1,271 @@
+"""Experiment tracking: training/tracking.py (the steps' tracker) against MLflow's own tracking server and a local
+store, a server that cannot be reached, the steps' MLflow environment and MlflowConfig in the definition, and the
+execution role's permissions. The end-to-end check (a `run --local` logs one run equal to the step files) is in
+test_local_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import botocore.session
+import pytest
+from botocore.validate import ParamValidator
+
+from pipeline.config import load_config
+from pipeline.definition import definition
+from steps import contract
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "training"))
+import tracking  # noqa: E402  (training/tracking.py, as the Train step imports it)
+
+ARN = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/trainium-bert"
+
+
+def env(uri: str, execution: str = "exec-1", **more: str) -> dict[str, str]:
+    return {contract.TRACKING_URI_ENV: uri, contract.EXPERIMENT_ENV: "bert", contract.EXECUTION_ENV: execution,
+            "TRACKING_TIMEOUT_S": "120", **more}
+
+
+def log_two_steps(environ: dict[str, str]) -> tuple[str | None, str | None]:
+    """What Train then Evaluate log, each with its own tracker (as two jobs do)."""
+    train = tracking.Tracker("Train", environ)
+    train.log(metrics={"samples_per_sec": 123.5, "val_accuracy": None}, params={"learning_rate": 5e-5},
+              curves={"train_loss": [(10, 0.69), (20, 0.41)]})
+    evaluate = tracking.Tracker("Evaluate", environ)
+    evaluate.log(metrics={"eval_accuracy": 0.91}, tags={"serving.int8": "true"})
+    evaluate.finish()
+    return train.run_id, evaluate.run_id
+
+
+def check_run(uri: str, run_id: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "exec-1"
+    assert run.data.tags[contract.EXECUTION_TAG] == "exec-1" and run.data.tags["serving.int8"] == "true"
+    assert run.data.params == {"learning_rate": "5e-05"}
+    assert run.data.metrics == {"samples_per_sec": 123.5, "eval_accuracy": 0.91, "train_loss": 0.41}
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(10, 0.69), (20, 0.41)]
+    assert client.get_experiment(run.info.experiment_id).name == "bert"
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """MLflow's own tracking server app (its REST handlers on a SQLite store), on a free port of 127.0.0.1."""
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    os.environ.update(_MLFLOW_SERVER_FILE_STORE=f"sqlite:///{folder / 'mlflow.db'}",
+                      _MLFLOW_SERVER_ARTIFACT_ROOT=str(folder / "artifacts"), _MLFLOW_SERVER_SERVE_ARTIFACTS="false")
+    from mlflow.server import app
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_train_and_evaluate_log_to_one_run_of_a_tracking_server(mlflow_server, capsys):
+    train, evaluate = log_two_steps(env(mlflow_server))
+    assert train and train == evaluate  # Evaluate found the run Train created, by the execution's tag
+    check_run(mlflow_server, train)
+    assert "warning" not in capsys.readouterr().err
+    other, _ = log_two_steps(env(mlflow_server, execution="exec-2"))
+    assert other != train  # another execution, another run
+
+
+def test_a_local_store_needs_no_server(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    train, evaluate = log_two_steps(env(uri))
+    assert train and train == evaluate
+    check_run(uri, train)
+
+
+class BlackHole:
+    """A port that accepts connections and never answers; counts them."""
+
+    def __init__(self) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.accepted.append(self.socket.accept()[0])
+            except OSError:
+                return
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+
+
+def test_a_server_that_does_not_answer_costs_one_timeout_and_one_warning(capsys):
+    hole = BlackHole()
+    train, evaluate = log_two_steps(env(hole.url, TRACKING_TIMEOUT_S="0.5"))
+    assert (train, evaluate) == (None, None)
+    assert len(hole.accepted) == 2  # one request per step, none after its first failure
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 2 and all("experiment tracking off" in w and "timed out" in w for w in warnings)
+
+
+def test_a_closed_port_is_one_warning_and_the_step_goes_on(capsys):
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    tracker = tracking.Tracker("Train", env(closed))
+    tracker.log(metrics={"a": 1.0})
+    tracker.log(metrics={"b": 2.0})
+    tracker.finish()
+    assert not tracker.enabled and tracker.run_id is None
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert "experiment tracking off for step Train: URLError" in warning and "files keep its metrics" in warning
+
+
+def test_nothing_is_tracked_without_an_execution_or_a_uri(capsys):
+    assert not tracking.Tracker("Train", {contract.EXECUTION_ENV: "x"}).enabled
+    assert not tracking.Tracker("Train", {contract.TRACKING_URI_ENV: "http://127.0.0.1:9"}).enabled
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:9", "sqlite:////nonexistent/mlflow.db"])
+def test_the_tracker_needs_nothing_outside_the_standard_library(uri, tmp_path):
+    """The images' Python: no mlflow (a server is spoken to with the standard library; a local store says it needs
+    mlflow, in one line), and the step exits 0 either way."""
+    code = ("import tracking\nt = tracking.Tracker('Train')\nt.log(metrics={'a': 1.0})\nt.finish()\n"
+            "print('enabled', t.enabled)")
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=ROOT / "training",
+                          env={**env(uri, TRACKING_TIMEOUT_S="2"), "PATH": os.environ.get("PATH", "")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "enabled False"
+    (warning,) = done.stderr.strip().splitlines()
+    assert "experiment tracking off" in warning
+    if uri.startswith("sqlite"):
+        assert "the mlflow library is not installed" in warning
+
+
+def test_an_arn_is_the_regional_endpoint_signed_for_sagemaker_mlflow(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    store = tracking.RestStore(ARN, timeout=1)
+    assert store.base == "https://us-east-1.experiments.sagemaker.aws/api/2.0/mlflow/"
+    headers = store._signed("POST", store.base + "runs/create", b"{}", dict(store.headers))
+    assert headers["x-mlflow-sm-tracking-server-arn"] == ARN
+    assert "/us-east-1/sagemaker-mlflow/aws4_request" in headers["Authorization"]
+    assert "x-mlflow-sm-tracking-server-arn" in headers["Authorization"]  # the ARN header is signed too
+
+
+def test_the_steps_bundle_carries_the_same_tracker():
+    assert (ROOT / "steps" / "tracking.py").read_bytes() == (ROOT / "training" / "tracking.py").read_bytes()
+
+
+# the definition
+
+
+def tracked_config(**sets: str):
+    return load_config(ROOT / "pipeline.yaml", [f"tracking.server_arn={ARN}", *(f"{k}={v}" for k, v in sets.items())],
+                       environ={})
+
+
+@pytest.fixture(scope="module")
+def tracked_dag(no_network_module) -> dict:
+    return json.loads(definition(tracked_config()))
+
+
+def test_mlflow_config_names_the_server_and_the_experiment(tracked_dag):
+    assert tracked_dag["MlflowConfig"] == {"MlflowResourceArn": ARN, "MlflowExperimentName": "trainium-bert"}
+    # the API's MlflowConfig shape (the published definition schema has none: see test_schema.py's lags)
+    shape = botocore.session.get_session().get_service_model("sagemaker").shape_for("MlflowConfig")
+    assert not ParamValidator().validate(tracked_dag["MlflowConfig"], shape).has_errors()
+    pattern = shape.members["MlflowResourceArn"].metadata["pattern"]
+    assert __import__("re").fullmatch(pattern, ARN)
+
+
+def test_train_and_evaluate_get_the_server_the_experiment_and_the_execution(tracked_dag):
+    steps = {s["Name"]: s for s in tracked_dag["Steps"]}
+    evaluate = steps["Evaluate"]["Arguments"]["Environment"]
+    train = steps["Train"]["Arguments"]["Environment"]
+    for environment in (train, evaluate):
+        assert environment[contract.TRACKING_URI_ENV] == ARN
+        assert environment[contract.EXPERIMENT_ENV] == "trainium-bert"
+        assert environment[contract.EXECUTION_ENV] == {"Get": "Execution.PipelineExecutionId"}
+    assert contract.EXECUTION_ENV not in steps["Tokenize"]["Arguments"]["Environment"]
+
+
+def test_the_registered_version_carries_the_run_id(tracked_dag):
+    gate = next(s for s in tracked_dag["Steps"] if s["Name"] == contract.ACCURACY_GATE)
+    register = next(s for s in gate["Arguments"]["IfSteps"] if s["Type"] == "RegisterModel")
+    value = register["Arguments"]["CustomerMetadataProperties"][contract.RUN_ID_METADATA]
+    assert value["Std:JsonGet"]["Path"] == contract.RUN_ID_PATH
+
+
+def test_without_a_server_there_is_no_mlflow_config_and_no_server_uri(no_network_module):
+    dag = json.loads(definition(load_config(ROOT / "pipeline.yaml", environ={})))
+    assert dag["MlflowConfig"] is None
+    train = next(s for s in dag["Steps"] if s["Name"] == "Train")["Arguments"]["Environment"]
+    assert contract.TRACKING_URI_ENV not in train and train[contract.EXPERIMENT_ENV] == "trainium-bert"
+
+
+def test_a_bad_server_arn_is_one_clear_error():
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tracking.server_arn"):
+        load_config(ROOT / "pipeline.yaml", ["tracking.server_arn=arn:aws:sagemaker:us-east-1:1:model/x"], environ={})
+
+
+# the execution role
+
+
+def test_the_execution_role_may_make_the_trackers_calls_on_the_tracking_server_only():
+    from test_infra_policies import TEMPLATE, cfg, rendered, statements
+
+    assert "ExecutionRoleTrackingPolicy" not in rendered()  # no server configured: no MLflow permission
+    resources = rendered(config=cfg(**{"tracking.server_arn": ARN}))
+    (statement,) = statements(resources["ExecutionRoleTrackingPolicy"]["Properties"]["PolicyDocument"])
+    assert sorted(statement["Action"]) == sorted(f"sagemaker-mlflow:{a}" for a in tracking.SERVER_ACTIONS)
+    assert statement["Resource"] == [ARN]
+    assert "TrackingServer" not in resources  # an existing server is taken as it is
+    # bootstrap can create one instead: the stack's own server, with the execution role, and only it
+    from pipeline.sagemaker.bootstrap import stack_parameters
+
+    params = stack_parameters(cfg(**{"tracking.create_server": "true", "tracking.server_arn": ARN}), bucket="")
+    assert (params["CreateTrackingServer"], params["TrackingServerResource"]) == ("true", "")
+    server = TEMPLATE["Resources"]["TrackingServer"]
+    assert server["Condition"] == "CreatesTrackingServer"
+    assert server["Properties"]["RoleArn"] == {"Fn::GetAtt": ["ExecutionRole", "Arn"]}
+    policy = TEMPLATE["Resources"]["ExecutionRoleTrackingPolicy"]["Properties"]["PolicyDocument"]
+    created, configured = policy["Statement"][0]["Resource"]["Fn::If"][1:]
+    assert policy["Statement"][0]["Resource"]["Fn::If"][0] == "CreatesTrackingServer"
+    assert created == {"Fn::GetAtt": ["TrackingServer", "TrackingServerArn"]} and "Fn::Sub" in configured
+
+
+def test_runs_says_where_it_would_read_and_why_not(tmp_path):
+    from pipeline.tracking.store import TrackingError, local_uri, store_uri
+
+    cfg = load_config(ROOT / "pipeline.yaml", environ={})
+    with pytest.raises(TrackingError, match="tracking.server_arn: not set"):
+        store_uri(cfg, local=False)
+    with pytest.raises(TrackingError, match="no MLflow store in .* yet: `run --local` creates it"):
+        store_uri(cfg, local=True, root=tmp_path)
+    assert store_uri(tracked_config(), local=False) == ARN
+    (tmp_path / "mlflow.db").touch()
+    assert store_uri(cfg, local=True, root=tmp_path) == local_uri(tmp_path) == f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def test_the_summary_plot_draws_what_the_step_files_hold(tmp_path):
+    from pipeline.tracking.plot import write_summary_plot
+
+    stats = {"intervals": [{"step": 10, "loss": 0.7, "samples_per_sec": 50.0},
+                           {"step": 20, "loss": 0.4, "samples_per_sec": 80.0}],
+             "samples_per_sec": 80.0}
+    report = {"binary_classification_metrics": {"confusion_matrix": {"0": {"0": 30, "1": 10}, "1": {"0": 5, "1": 35}}}}
+    path = write_summary_plot(tmp_path / "summary.png", stats, report, "execution x")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert write_summary_plot(tmp_path / "none.png", None, None, "x") is None and not (tmp_path / "none.png").exists()

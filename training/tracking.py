@@ -1,0 +1,205 @@
+"""Best-effort experiment tracking of a pipeline step: one MLflow run per pipeline execution, shared by its steps.
+
+The step's environment says where (the definition sets it, the local runner points it at its own store):
+
+    MLFLOW_TRACKING_URI     a SageMaker managed MLflow ARN, an http(s) URL, or a local store (sqlite:///...)
+    MLFLOW_EXPERIMENT_NAME  the experiment (default trainium-bert)
+    PIPELINE_EXECUTION_ID   the execution: the run's name and its tag pipeline.execution_id, by which every step of
+                            the execution finds the same run (the first one to log creates it)
+    TRACKING_TIMEOUT_S      seconds per request to a server (default 5); no retries
+
+A server (ARN or URL) is spoken to over MLflow's REST API with the standard library alone (an ARN's requests are
+signed with SigV4 by botocore, as the sagemaker-mlflow plugin signs them), so nothing is installed into the
+images. A local store needs the `mlflow` library. Tracking never fails a step: the first error disables it with
+one warning, and the step's own files keep every value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
+EXECUTION_ENV = "PIPELINE_EXECUTION_ID"
+EXECUTION_TAG = "pipeline.execution_id"
+UNTRACKED = "none"  # the run id of an untracked step, for the report
+# the IAM actions (sagemaker-mlflow:ACTION) of RestStore's calls: what the execution role is granted on the server
+SERVER_ACTIONS = ("GetExperimentByName", "CreateExperiment", "SearchRuns", "CreateRun", "LogBatch", "UpdateRun")
+DEFAULT_EXPERIMENT = "trainium-bert"
+DEFAULT_TIMEOUT_S = 5.0
+ARN_HEADERS = {  # the header that names the resource, by its ARN type (as sagemaker-mlflow sends it)
+    "mlflow-tracking-server": "x-mlflow-sm-tracking-server-arn", "mlflow-app": "x-sm-mlflow-app-arn"}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RestStore:
+    """The six MLflow REST calls a step makes, to a server at an http(s) URL or a SageMaker managed MLflow ARN."""
+
+    def __init__(self, uri: str, timeout: float) -> None:
+        self.timeout, self.headers, self.region = timeout, {}, None
+        base = uri
+        if uri.startswith("arn:"):
+            parts = uri.split(":", 5)  # arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME
+            self.region, kind = parts[3], parts[5].split("/", 1)[0]
+            domain = "amazonaws.com.cn" if parts[1] == "aws-cn" else "aws"
+            base = f"https://{self.region}.experiments.sagemaker.{domain}"
+            self.headers = {ARN_HEADERS.get(kind, ARN_HEADERS["mlflow-tracking-server"]): uri}
+        self.base = base.rstrip("/") + "/api/2.0/mlflow/"
+
+    def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
+        url = self.base + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {**self.headers, "Content-Type": "application/json"}
+        if self.region:
+            headers = self._signed(method, url, data, headers)
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            return json.loads(response.read() or b"{}")
+
+    def _signed(self, method: str, url: str, data: bytes | None, headers: dict) -> dict:
+        import botocore.session
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        request = AWSRequest(method=method, url=url, data=data or b"", headers=headers)
+        SigV4Auth(botocore.session.get_session().get_credentials(), "sagemaker-mlflow", self.region).add_auth(request)
+        return dict(request.headers.items())
+
+    def experiment_id(self, name: str) -> str:
+        try:
+            return self._call("GET", "experiments/get-by-name", query={"experiment_name": name})["experiment"][
+                "experiment_id"]
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
+        return self._call("POST", "experiments/create", {"name": name})["experiment_id"]
+
+    def find_run(self, experiment_id: str, execution: str) -> str | None:
+        found = self._call("POST", "runs/search", {"experiment_ids": [experiment_id], "max_results": 1,
+                                                  "filter": f"tags.`{EXECUTION_TAG}` = '{execution}'"})
+        return found["runs"][0]["info"]["run_id"] if found.get("runs") else None
+
+    def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
+        body = {"experiment_id": experiment_id, "run_name": name, "start_time": _now_ms(),
+                "tags": [{"key": k, "value": v} for k, v in tags.items()]}
+        return self._call("POST", "runs/create", body)["run"]["info"]["run_id"]
+
+    def log_batch(self, run_id: str, metrics: list[tuple[str, float, int]], params: dict[str, str],
+                  tags: dict[str, str]) -> None:
+        now = _now_ms()
+        self._call("POST", "runs/log-batch", {
+            "run_id": run_id,
+            "metrics": [{"key": k, "value": v, "timestamp": now, "step": s} for k, v, s in metrics],
+            "params": [{"key": k, "value": v} for k, v in params.items()],
+            "tags": [{"key": k, "value": v} for k, v in tags.items()],
+        })
+
+    def finish(self, run_id: str) -> None:
+        self._call("POST", "runs/update", {"run_id": run_id, "status": "FINISHED", "end_time": _now_ms()})
+
+
+class LibraryStore:
+    """The same calls on a local store (sqlite:///...), through the `mlflow` library."""
+
+    def __init__(self, uri: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client, self.uri = MlflowClient(uri), uri
+
+    def experiment_id(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found:
+            return found.experiment_id
+        folder = os.path.dirname(self.uri.removeprefix("sqlite:///")) if self.uri.startswith("sqlite:///") else "."
+        return self.client.create_experiment(name, artifact_location=os.path.join(folder, "mlartifacts", name))
+
+    def find_run(self, experiment_id: str, execution: str) -> str | None:
+        runs = self.client.search_runs([experiment_id], f"tags.`{EXECUTION_TAG}` = '{execution}'", max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
+        return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+
+    def log_batch(self, run_id: str, metrics: list[tuple[str, float, int]], params: dict[str, str],
+                  tags: dict[str, str]) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = _now_ms()
+        self.client.log_batch(run_id, metrics=[Metric(k, v, now, s) for k, v, s in metrics],
+                              params=[Param(k, v) for k, v in params.items()],
+                              tags=[RunTag(k, v) for k, v in tags.items()])
+
+    def finish(self, run_id: str) -> None:
+        self.client.set_terminated(run_id, "FINISHED")
+
+
+def open_store(uri: str, timeout: float) -> RestStore | LibraryStore:
+    """The store at `uri`: a server (ARN or http(s) URL) over REST, else a local store through `mlflow`."""
+    if uri.startswith(("arn:", "http://", "https://")):
+        return RestStore(uri, timeout)
+    return LibraryStore(uri)
+
+
+class Tracker:
+    """This step's view of its execution's run; every method is a no-op once tracking is off."""
+
+    def __init__(self, step: str, environ: dict[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self.step, self.run_id, self.store = step, None, None
+        self.uri = env.get(TRACKING_URI_ENV, "")
+        self.experiment = env.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
+        self.execution = env.get(EXECUTION_ENV, "")
+        if not (self.uri and self.execution):
+            return
+        try:
+            self.store = open_store(self.uri, float(env.get("TRACKING_TIMEOUT_S") or DEFAULT_TIMEOUT_S))
+        except ImportError:
+            self._off("the mlflow library is not installed (a local store needs it)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    def _off(self, why: str) -> None:
+        self.store = None
+        print(f"warning: experiment tracking off for step {self.step}: {why}; the step's files keep its metrics",
+              file=sys.stderr, flush=True)
+
+    def _run(self) -> str:
+        if self.run_id is None:
+            experiment = self.store.experiment_id(self.experiment)
+            self.run_id = self.store.find_run(experiment, self.execution) or self.store.create_run(
+                experiment, self.execution, {EXECUTION_TAG: self.execution})
+        return self.run_id
+
+    def log(self, metrics: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
+            tags: dict[str, Any] | None = None, curves: dict[str, list[tuple[int, float]]] | None = None) -> None:
+        """Log final `metrics` (numbers; None left out), `params`, `tags` and `curves` (name -> [(step, value)])
+        to the execution's run, in one request."""
+        if not self.enabled:
+            return
+        points = [(k, float(v), 0) for k, v in (metrics or {}).items() if isinstance(v, int | float)]
+        points += [(k, float(v), int(s)) for k, curve in (curves or {}).items() for s, v in curve]
+        try:
+            self.store.log_batch(self._run(), points, {k: str(v)[:6000] for k, v in (params or {}).items()},
+                                 {k: str(v) for k, v in {**(tags or {}), f"step.{self.step}": "logged"}.items()})
+        except Exception as e:  # unreachable, refused, denied, a store that cannot be opened: never the step's end
+            self._off(f"{type(e).__name__}: {str(e)[:200]}")
+
+    def finish(self) -> None:
+        """Mark the run finished (the last step that logs calls it)."""
+        if self.enabled and self.run_id:
+            try:
+                self.store.finish(self.run_id)
+            except Exception as e:
+                self._off(f"{type(e).__name__}: {str(e)[:200]}")
