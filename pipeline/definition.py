@@ -150,14 +150,11 @@ class Steps(StepParts):
 
     def tracking(self) -> dict[str, Any]:
         """The MLflow environment of Train and Evaluate (training/tracking.py): the tracking server (none on AWS without
-        tracking.server_arn; the local runner sets its own store), the experiment and this execution, whose run both
-        steps log to."""
-        from sagemaker.core.workflow import ExecutionVariables
-
+        tracking.server_arn; the local runner sets its own store) and the experiment. Nothing that differs per
+        execution (a step reads its execution from its job's name): the Environment is part of a step's cache key."""
         server = self.cfg.tracking.server_arn
         return {**({contract.TRACKING_URI_ENV: server} if server else {}),
-                contract.EXPERIMENT_ENV: experiment(self.cfg),
-                contract.EXECUTION_ENV: ExecutionVariables.PIPELINE_EXECUTION_ID}
+                contract.EXPERIMENT_ENV: experiment(self.cfg)}
 
     # 3. Evaluate: the whole test split's metrics from the Train step's predictions, checked on a sample here.
     def evaluate(self, tokenize: ProcessingStep, train: TrainingStep, report: PropertyFile) -> ProcessingStep:

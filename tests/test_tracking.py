@@ -162,8 +162,12 @@ def test_an_arn_is_the_regional_endpoint_signed_for_sagemaker_mlflow(monkeypatch
     assert "x-mlflow-sm-tracking-server-arn" in headers["Authorization"]  # the ARN header is signed too
 
 
-def test_the_steps_bundle_carries_the_same_tracker():
-    assert (ROOT / "steps" / "tracking.py").read_bytes() == (ROOT / "training" / "tracking.py").read_bytes()
+def test_the_evaluation_bundle_carries_the_same_tracker():
+    """steps/evaluation/tracking.py links to training/tracking.py; the bundle holds its content."""
+    from pipeline.code import bundles
+
+    shipped = bundles()["evaluation"].files
+    assert shipped["steps/evaluation/tracking.py"] == (ROOT / "training" / "tracking.py").read_bytes()
 
 
 # the definition
@@ -188,15 +192,29 @@ def test_mlflow_config_names_the_server_and_the_experiment(tracked_dag):
     assert __import__("re").fullmatch(pattern, ARN)
 
 
-def test_train_and_evaluate_get_the_server_the_experiment_and_the_execution(tracked_dag):
+def test_train_and_evaluate_get_the_server_and_the_experiment_and_nothing_per_execution(tracked_dag):
+    """The Environment is part of a step's cache key: a value that differs per execution (the execution id) would
+    make every execution re-run Train; the steps read their execution from their job's name instead."""
     steps = {s["Name"]: s for s in tracked_dag["Steps"]}
     evaluate = steps["Evaluate"]["Arguments"]["Environment"]
     train = steps["Train"]["Arguments"]["Environment"]
     for environment in (train, evaluate):
         assert environment[contract.TRACKING_URI_ENV] == ARN
         assert environment[contract.EXPERIMENT_ENV] == "trainium-bert"
-        assert environment[contract.EXECUTION_ENV] == {"Get": "Execution.PipelineExecutionId"}
-    assert contract.EXECUTION_ENV not in steps["Tokenize"]["Arguments"]["Environment"]
+        assert contract.EXECUTION_ENV not in environment
+        assert "Execution." not in json.dumps(environment)
+    assert contract.EXPERIMENT_ENV not in steps["Tokenize"]["Arguments"]["Environment"]
+
+
+def test_a_sagemaker_job_finds_its_execution_in_its_name(tmp_path):
+    """Pipelines name their jobs pipelines-<execution id>-<step>-<suffix>: training jobs see it in TRAINING_JOB_NAME,
+    processing jobs in /opt/ml/config/processingjobconfig.json."""
+    assert tracking.execution_id({"TRAINING_JOB_NAME": "pipelines-7pd2w9c4n1hs-Train-tn2bx5qwc8"}) == "7pd2w9c4n1hs"
+    config = tmp_path / "processingjobconfig.json"
+    config.write_text(json.dumps({"ProcessingJobName": "pipelines-k3j9x2m5q7wz-evaluate-hc4rw7ypne"}))
+    assert tracking.execution_id({}, str(config)) == "k3j9x2m5q7wz"
+    assert tracking.execution_id({contract.EXECUTION_ENV: "local-1"}, str(config)) == "local-1"
+    assert tracking.execution_id({"TRAINING_JOB_NAME": "my-own-job"}, str(tmp_path / "absent")) == ""
 
 
 def test_the_registered_version_carries_the_run_id(tracked_dag):

@@ -4,8 +4,10 @@ The step's environment says where (the definition sets it, the local runner poin
 
     MLFLOW_TRACKING_URI     a SageMaker managed MLflow ARN, an http(s) URL, or a local store (sqlite:///...)
     MLFLOW_EXPERIMENT_NAME  the experiment (default trainium-bert)
-    PIPELINE_EXECUTION_ID   the execution: the run's name and its tag pipeline.execution_id, by which every step of
-                            the execution finds the same run (the first one to log creates it)
+    PIPELINE_EXECUTION_ID   the execution (set by the local runner; on SageMaker read from the job's name,
+                            pipelines-<execution id>-<step>-<suffix>, so that the definition carries nothing that
+                            differs per execution: that would change the steps' cache keys): the run's name and its
+                            tag pipeline.execution_id, by which every step of the execution finds the same run
     TRACKING_TIMEOUT_S      seconds per request to a server (default 5); no retries
 
 A server (ARN or URL) is spoken to over MLflow's REST API with the standard library alone (an ARN's requests are
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -34,6 +37,10 @@ UNTRACKED = "none"  # the run id of an untracked step, for the report
 SERVER_ACTIONS = ("GetExperimentByName", "CreateExperiment", "SearchRuns", "CreateRun", "LogBatch", "UpdateRun")
 DEFAULT_EXPERIMENT = "trainium-bert"
 DEFAULT_TIMEOUT_S = 5.0
+# Where a SageMaker job finds its own name: training jobs in the environment, processing jobs in this file.
+TRAINING_JOB_ENV = "TRAINING_JOB_NAME"
+PROCESSING_JOB_CONFIG = "/opt/ml/config/processingjobconfig.json"
+PIPELINE_JOB = re.compile(r"^pipelines-([a-z0-9]+)-")  # the names SageMaker Pipelines gives its steps' jobs
 ARN_HEADERS = {  # the header that names the resource, by its ARN type (as sagemaker-mlflow sends it)
     "mlflow-tracking-server": "x-mlflow-sm-tracking-server-arn", "mlflow-app": "x-sm-mlflow-app-arn"}
 
@@ -150,6 +157,21 @@ def open_store(uri: str, timeout: float) -> RestStore | LibraryStore:
     return LibraryStore(uri)
 
 
+def execution_id(env: dict[str, str] | os._Environ, processing_config: str = PROCESSING_JOB_CONFIG) -> str:
+    """This step's pipeline execution: PIPELINE_EXECUTION_ID, else the id in the SageMaker job's name ("" if none)."""
+    if env.get(EXECUTION_ENV):
+        return env[EXECUTION_ENV]
+    name = env.get(TRAINING_JOB_ENV, "")
+    if not name:
+        try:
+            with open(processing_config) as f:
+                name = json.load(f).get("ProcessingJobName", "")
+        except (OSError, ValueError, AttributeError):
+            name = ""
+    found = PIPELINE_JOB.match(name)
+    return found.group(1) if found else ""
+
+
 class Tracker:
     """This step's view of its execution's run; every method is a no-op once tracking is off."""
 
@@ -158,7 +180,7 @@ class Tracker:
         self.step, self.run_id, self.store = step, None, None
         self.uri = env.get(TRACKING_URI_ENV, "")
         self.experiment = env.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
-        self.execution = env.get(EXECUTION_ENV, "")
+        self.execution = execution_id(env) if self.uri else ""
         if not (self.uri and self.execution):
             return
         try:

@@ -95,7 +95,7 @@ def job_step(launch: Callable[[StepRun, str, dict, IO[str]], dict]) -> Callable[
         stamp = run.record.started[:19].replace(":", "").replace("-", "")
         job = f"{run.record.name.lower()}-{stamp}-{secrets.token_hex(2)}"
         with open(run.record.log, "w") as log:
-            properties = launch(run, job, run.runner.local_environment(args), log)
+            properties = launch(run, job, run.runner.local_environment(args, run.state.execution.id), log)
         cache.put(key, properties)
         return properties
 
@@ -171,13 +171,14 @@ class LocalRunner:
         self.services = services
         self.on_update = on_update or (lambda execution: None)
 
-    def local_environment(self, args: dict) -> dict:
-        """A job's arguments with this machine's MLflow store as its tracking URI, where the definition has the step
-        track (it names the execution to track): a local run never logs to the configured server."""
+    def local_environment(self, args: dict, execution: str) -> dict:
+        """A job's arguments with this machine's MLflow store as its tracking URI and the execution to track, where
+        the definition has the step track (it names an experiment): a local run never logs to the configured server."""
         environment = args.get("Environment") or {}
-        if not (self.tracking_uri and contract.EXECUTION_ENV in environment):
+        if not (self.tracking_uri and contract.EXPERIMENT_ENV in environment):
             return args
-        return {**args, "Environment": {**environment, contract.TRACKING_URI_ENV: self.tracking_uri}}
+        return {**args, "Environment": {**environment, contract.TRACKING_URI_ENV: self.tracking_uri,
+                                        contract.EXECUTION_ENV: execution}}
 
     def run(
         self, overrides: dict[str, str] | None = None, *, selection: Selection | None = None,
