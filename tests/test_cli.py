@@ -432,7 +432,7 @@ def test_help_lists_the_commands_by_what_they_act_on():
 
     panels = {name: command.rich_help_panel for name, command in typer.main.get_command(app).commands.items()}
     assert panels == {
-        **dict.fromkeys(("run", "start", "retry", "status", "executions", "cost"), "Executions"),
+        **dict.fromkeys(("run", "start", "retry", "status", "executions", "runs", "cost"), "Executions"),
         "models": "Models",
         **dict.fromkeys(("deploy", "promote", "endpoints", "serve"), "Endpoints"),
         "triggers": "Triggers",
