@@ -133,6 +133,7 @@ class Training(Section):
     seed: int = 42
     log_interval: int = Field(default=50, ge=1)
     checkpoint_interval: int = Field(default=500, ge=1)
+    checkpoint_minutes: float = Field(default=30.0, ge=0)  # also checkpoint after this long; 0: steps only
     bf16: Literal["auto"] | bool = "auto"
 
     @field_validator("model_id")

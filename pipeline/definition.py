@@ -90,6 +90,7 @@ class Steps(StepParts):
             "seed": str(training.seed),
             "log-interval": str(training.log_interval),
             "checkpoint-interval": str(training.checkpoint_interval),
+            "checkpoint-minutes": str(training.checkpoint_minutes),
             "bf16": str(training.bf16).lower(),
             "sagemaker_program": json.dumps("train.py"),
             "sagemaker_submit_directory": json.dumps(bundles()["training"].uri(self.cfg.s3_root)),

@@ -88,7 +88,7 @@ PREDICTIONS_FILE = "predictions/test.parquet"
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 # Instance types whose multi-node collectives go over EFA (the toolkit itself only knows trn1.32xlarge).
 EFA_INSTANCE_TYPES = ("ml.trn1.32xlarge", "ml.trn1n.32xlarge", "ml.trn2.48xlarge")
-NEURON_CC_FLAGS = ("--model-type=transformer", "--auto-cast=none")
+NEURON_CC_FLAGS = ("--model-type=transformer", "--auto-cast=none", "--retry_failed_compilation")
 
 
 def str2bool(value: str) -> bool:
@@ -119,6 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--log-interval", type=int, default=50)
     p.add_argument("--checkpoint-interval", type=int, default=500, help="0 disables periodic checkpoints")
+    p.add_argument("--checkpoint-minutes", type=float, default=30.0,
+                   help="also checkpoint when this many minutes passed since the last one (checked at each log "
+                        "interval); 0 disables")
     p.add_argument("--bf16", default="auto", choices=["True", "False", "auto", "true", "false"])
     p.add_argument("--compile", default="auto", choices=["True", "False", "auto", "true", "false"],
                    help="torch.compile the model; auto: on CUDA")
@@ -143,7 +146,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class TokenizedSplit:
-    """A Parquet split (input_ids, token_type_ids, label) held as flat numpy arrays plus row offsets."""
+    """A Parquet split (input_ids, token_type_ids, label) held as flat numpy arrays plus row offsets, in the
+    Parquet files' narrow types (int32 ids, int8 types and labels: a quarter of int64 on each of the host's ranks);
+    `collate` widens a batch to the int64 tensors the model takes."""
 
     def __init__(self, folder: str, max_length: int):
         files = sorted(Path(folder).glob("*.parquet"))
@@ -152,14 +157,14 @@ class TokenizedSplit:
         table = pq.read_table(files, columns=None)
         ids = table.column("input_ids").combine_chunks()
         self.offsets = np.asarray(ids.offsets, dtype=np.int64)
-        self.input_ids = np.asarray(ids.values, dtype=np.int64)
+        self.input_ids = np.asarray(ids.values).astype(np.int32, copy=False)
         self.token_type_ids = None
         if "token_type_ids" in table.column_names:
             types = table.column("token_type_ids").combine_chunks()
             if not np.array_equal(np.asarray(types.offsets), self.offsets):
                 raise ValueError(f"{folder}: token_type_ids and input_ids rows differ in length")
-            self.token_type_ids = np.asarray(types.values, np.int64)
-        self.labels = table.column("label").to_numpy().astype(np.int64)
+            self.token_type_ids = np.asarray(types.values).astype(np.int8, copy=False)
+        self.labels = table.column("label").to_numpy().astype(np.int8, copy=False)
         self.lengths = np.minimum(np.diff(self.offsets), max_length)
         self.max_length = max_length
 
@@ -263,9 +268,11 @@ def neuron_environment(environ: dict[str, str], checkpoint_dir: Path) -> dict[st
     """Variables this run needs on Trainium, leaving any the job already sets alone.
 
     NEURON_CC_FLAGS: --model-type=transformer (the public trn1 BERT sample and optimum-neuron), --auto-cast=none
-    (precision comes from torch.autocast alone, as the Neuron migration guide requires instead of XLA_DOWNCAST_BF16)
-    and the compile cache. Multi-node on an EFA instance type: FI_PROVIDER=efa with device RDMA and fork safety
-    (the DataLoader forks workers), which the training toolkit sets for trn1.32xlarge only, not trn1n / trn2."""
+    (precision comes from torch.autocast alone, as the Neuron migration guide requires instead of XLA_DOWNCAST_BF16),
+    --retry_failed_compilation (the BERT sample's: a compile cut short, by a spot reclaim say, is cached as failed and
+    would otherwise be skipped by every later job sharing the cache) and the compile cache. Multi-node on an EFA
+    instance type: FI_PROVIDER=efa with device RDMA and fork safety (the DataLoader forks workers), which the
+    training toolkit sets for trn1.32xlarge only, not trn1n / trn2."""
     flags = environ.get("NEURON_CC_FLAGS", "")
     cache = environ.get("NEURON_COMPILE_CACHE_URL") or str(checkpoint_dir / "neuron-compile-cache")
     for flag in (*NEURON_CC_FLAGS, f"--cache_dir={cache}"):
@@ -371,13 +378,19 @@ def setup(args: argparse.Namespace) -> Runtime:
 # model helpers
 
 
-def load_model(model_id: str, rt: Runtime) -> torch.nn.Module:
-    """The pretrained encoder with a fresh 2-label head; PyTorch's fused attention (SDPA) off XLA."""
+def load_model(model_id: str, rt: Runtime, seed: int) -> torch.nn.Module:
+    """The pretrained encoder with a fresh 2-label head drawn from `seed`, so every rank starts from the same
+    weights whatever its generator held (on XLA, with no DDP to broadcast them, rank 0's are broadcast as well);
+    PyTorch's fused attention (SDPA) off XLA."""
     attention = {"attn_implementation": "sdpa"} if rt.sdpa else {}
+    torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_pretrained(
         model_id, num_labels=2, id2label=ID2LABEL, label2id=LABEL2ID, **attention
     )
     model.config.problem_type = "single_label_classification"
+    model.to(rt.device)
+    if rt.xla and rt.distributed:
+        xm.broadcast_master_param(model)
     return model
 
 
@@ -426,6 +439,12 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
 
+def host_state(rt: Runtime, state: dict) -> dict:
+    """`state` (nested dicts and lists of tensors) with every tensor on the host: on XLA in one device-to-host
+    transfer of all tensors together (what xm.save does), not one per tensor; on the CPU the tensors themselves."""
+    return xm._maybe_convert_to_cpu(state) if rt.xla else to_cpu(state)
+
+
 def to_cpu(obj):
     """A copy of a (nested) state dict with every tensor on the CPU."""
     if isinstance(obj, torch.Tensor):
@@ -439,6 +458,21 @@ def to_cpu(obj):
 
 # -----------------------------------------------------------------------------
 # checkpoints: a ring of KEEP_CHECKPOINTS fixed slots
+
+
+class HashingWriter:
+    """A binary file that computes the SHA-256 of what is written to it (no second read of a 1 GB checkpoint)."""
+
+    def __init__(self, f):
+        self.f, self.digest, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def _sha256(path: Path) -> str:
@@ -467,9 +501,10 @@ def save_checkpoint(checkpoint_dir: Path, step: int, state: dict) -> Path:
     slot = checkpoint_dir / min(names, key=lambda n: used.get(n, -1))
     slot.mkdir(parents=True, exist_ok=True)
     (slot / MARKER).unlink(missing_ok=True)
-    torch.save(state, slot / "checkpoint.pt")
-    path = slot / "checkpoint.pt"
-    marker = {"step": step, "bytes": path.stat().st_size, "sha256": _sha256(path)}
+    with (slot / "checkpoint.pt").open("wb") as f:
+        writer = HashingWriter(f)
+        torch.save(state, writer)
+    marker = {"step": step, "bytes": writer.size, "sha256": writer.digest.hexdigest()}
     (slot / f".{MARKER}").write_text(json.dumps(marker))
     os.replace(slot / f".{MARKER}", slot / MARKER)
     return slot
@@ -596,15 +631,18 @@ def optimizer_step(rt: Runtime, model: torch.nn.Module, optimizer, scheduler, ma
     optimizer.zero_grad(set_to_none=True)
 
 
-def read_out(rt: Runtime, loss_sum: torch.Tensor, stop_requested: bool) -> tuple[float, bool]:
-    """The loss summed over all ranks since the last read-out, and whether any rank was asked to stop: the one
-    host sync of the loop, every --log-interval steps."""
+def read_out(rt: Runtime, loss_sum: torch.Tensor, stop_requested: bool, checkpoint_due: bool
+             ) -> tuple[float, bool, bool]:
+    """The loss summed over all ranks since the last read-out, whether any rank was asked to stop and whether any
+    rank's checkpoint clock ran out (so that all ranks agree on both): the one host sync of the loop, every
+    --log-interval steps."""
     rt.mark_step()
-    stats = torch.stack([loss_sum, torch.tensor(float(stop_requested)).to(rt.device)])
+    flags = torch.tensor([float(stop_requested), float(checkpoint_due)]).to(rt.device)
+    stats = torch.cat([loss_sum.reshape(1), flags])
     if rt.distributed:
         dist.all_reduce(stats)
-    loss_total, stops = stats.cpu().tolist()
-    return loss_total, stops > 0
+    loss_total, stops, due = stats.cpu().tolist()
+    return loss_total, stops > 0, due > 0
 
 
 def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, optimizer, scheduler,
@@ -626,7 +664,7 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
         optimizer_step(rt, model, optimizer, scheduler, args.max_grad_norm)
         step += 1
         if step % args.log_interval == 0 or step == len(probes):
-            read_out(rt, loss_sum, False)
+            read_out(rt, loss_sum, False, False)
             loss_sum = torch.zeros(()).to(rt.device)
     if scored:
         score(rt, model, train, probes[:-1], args.batch_size if rt.xla else None, workers)
@@ -727,8 +765,7 @@ def main(argv: list[str] | None = None) -> None:
     warmup_steps = int(args.warmup_ratio * total_steps)
 
     # model, optimizer, schedule
-    model = load_model(args.model_id, rt)
-    model.to(rt.device)
+    model = load_model(args.model_id, rt, args.seed)
     raw_model = model
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -766,18 +803,17 @@ def main(argv: list[str] | None = None) -> None:
     if rt.compile:
         model = torch.compile(model, dynamic=True)
 
+    last_checkpoint = time.monotonic()
+
     def checkpoint() -> None:
+        nonlocal last_checkpoint
         rt.mark_step()
         if rt.master:
-            state = {
-                "model": to_cpu(raw_model.state_dict()),
-                "optimizer": to_cpu(optimizer.state_dict()),
-                "scheduler": scheduler.state_dict(),
-                "step": step,
-                "world_size": rt.world_size,
-            }
+            state = host_state(rt, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()})
+            state.update(scheduler=scheduler.state_dict(), step=step, world_size=rt.world_size)
             rt.log(f"saved checkpoint {save_checkpoint(checkpoint_dir, step, state)} at step={step}")
         rt.barrier("checkpoint")
+        last_checkpoint = time.monotonic()
 
     # training loop
     rt.log(f"steps_per_epoch={steps_per_epoch} total_steps={total_steps} warmup_steps={warmup_steps}")
@@ -785,7 +821,7 @@ def main(argv: list[str] | None = None) -> None:
     loss_sum = torch.zeros(()).to(rt.device)
     interval_steps = 0
     real_tokens = padded_tokens = 0
-    last_loss, stopping = None, False
+    last_loss, stopping, checkpoint_due = None, False, False
     compiles_per_epoch = []
     throughput = Throughput(raw_model.config, rt.world_size)
     while step < total_steps:
@@ -808,8 +844,10 @@ def main(argv: list[str] | None = None) -> None:
             interval_steps += 1
 
             if step % args.log_interval == 0 or step == total_steps:
-                # the stop flag is agreed by all ranks, unlike the local one the signal handler sets
-                loss_total, stopping = read_out(rt, loss_sum, stop["requested"])
+                # the stop flag and the checkpoint clock are agreed by all ranks, unlike the local ones
+                minutes = (time.monotonic() - last_checkpoint) / 60
+                clock = 0 < args.checkpoint_minutes <= minutes
+                loss_total, stopping, checkpoint_due = read_out(rt, loss_sum, stop["requested"], clock)
                 last_loss = loss_total / (interval_steps * args.grad_accum * rt.world_size)
                 rt.log(
                     f"step={step} epoch={epoch} loss={last_loss:.4f} samples_per_sec={throughput.interval():.1f} "
@@ -817,8 +855,9 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 loss_sum = torch.zeros(()).to(rt.device)
                 interval_steps = 0
-            if stopping or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0):
+            if stopping or checkpoint_due or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0):
                 checkpoint()
+                checkpoint_due = False
             if stopping:
                 rt.log(f"stopping on SIGTERM at step={step}")
                 sys.exit(143)
