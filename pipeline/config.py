@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from pipeline.config_backend import NeuronBackend
 from pipeline.config_base import INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
 from pipeline.config_deploy import Alerts, Deploy
 from pipeline.contract import APPROVAL_STATUSES, PENDING
@@ -113,7 +114,7 @@ class Spot(Section):
     max_wait_seconds: int = Field(default=48 * 3600, ge=60, le=28 * 24 * 3600)
 
 
-class Training(Section):
+class Training(NeuronBackend):
     instance_type: str = Field(pattern=INSTANCE_TYPE)
     instance_count: int = Field(default=1, ge=1)
     volume_size_gb: int = Field(default=200, ge=1, le=16384)

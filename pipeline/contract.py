@@ -7,7 +7,7 @@ copies of what they need, and tests/test_contract.py checks that every copy equa
 from __future__ import annotations
 
 # Steps of the DAG
-TOKENIZE, TRAIN, EVALUATE = "Tokenize", "Train", "Evaluate"
+TOKENIZE, PRECOMPILE, TRAIN, EVALUATE = "Tokenize", "Precompile", "Train", "Evaluate"
 ACCURACY_GATE, REGISTER, APPROVED_GATE, DEPLOY, ACCURACY_TOO_LOW = (
     "AccuracyGate",
     "RegisterModel",

@@ -325,3 +325,20 @@ def test_checkpoints_also_on_the_clock(workspace, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.findall(r"^saved checkpoint \S+ at step=(\d+)$", proc.stdout, re.M) == ["3", "6"], proc.stdout
     assert [step for step, _ in load_train_module().complete_checkpoints(tmp_path / "checkpoints")] == [3, 6]
+
+
+def test_native_backend_takes_the_shared_loop_on_device_neuron():
+    """--backend native: device "neuron" where TorchNeuron is the accelerator (faked here), with the CUDA/CPU loop's
+    DDP and torch.compile, Neuron's compiler backend over fixed length buckets; refused in one line without it."""
+    train = load_train_module()
+    assert train.device_type_for("native", xla=True, neuron=True, cuda=False) == "neuron"
+    assert train.device_type_for("xla", xla=True, neuron=True, cuda=False) == "xla"
+    assert train.device_type_for("xla", xla=False, neuron=False, cuda=False) == "cpu"
+    with pytest.raises(ValueError, match="--backend native: no TorchNeuron device 'neuron' here"):
+        train.device_type_for("native", xla=True, neuron=False, cuda=True)
+    assert train.parse_args(["--backend", "native"]).backend == "native"
+    neuron = train.Runtime(torch.device("cpu"), "neuron", 0, 1, False, True, True)
+    assert neuron.fixed_shapes and not neuron.xla
+    assert neuron.compile_options() == {"backend": "neuron", "dynamic": False}
+    cpu = train.Runtime(torch.device("cpu"), "cpu", 0, 1, False, False, False)
+    assert not cpu.fixed_shapes and cpu.compile_options() == {"dynamic": True}

@@ -126,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", default="auto", choices=["True", "False", "auto", "true", "false"],
                    help="torch.compile the model; auto: on CUDA")
     p.add_argument("--precompile", type=str2bool, default=False)
+    p.add_argument("--backend", default="xla", choices=["xla", "native"],
+                   help="xla: PyTorch/XLA when torch_xla imports (else CUDA, else CPU); native: TorchNeuron's "
+                        "device 'neuron' with torch.compile(backend='neuron') (beta, trn2/trn3)")
     p.add_argument("--num-workers", type=int, default=-1, help="DataLoader workers; -1: 0 on CPU, 2 elsewhere")
     p.add_argument("--train-dir", default=env("SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"))
     p.add_argument("--validation-dir", default=env("SM_CHANNEL_VALIDATION", "/opt/ml/input/data/validation"))
@@ -252,11 +255,23 @@ def eval_batches(lengths: np.ndarray, batch_size: int, rank: int, world_size: in
     return batches[rank::world_size]
 
 
-def precompile_probes(split: TokenizedSplit, buckets: list[int] | None, batch_size: int) -> list[np.ndarray]:
-    """For neuron_parallel_compile: one batch per length bucket, plus the first again (whose first run
-    initialised AdamW), so every graph of a real run is traced once."""
+def bucket_probes(split: TokenizedSplit, buckets: list[int] | None, batch_size: int,
+                  first: np.ndarray | None = None) -> list[np.ndarray]:
+    """One batch of `split` per length bucket it fills, the bucket of batch `first` (the run's first) first."""
     bucket_ids = np.searchsorted(buckets, split.lengths) if buckets else np.zeros(len(split), np.int64)
-    probes = [np.resize(np.flatnonzero(bucket_ids == b), batch_size) for b in np.unique(bucket_ids)]
+    order = list(np.unique(bucket_ids))
+    if first is not None:
+        lead = bucket_ids[first].max()
+        order = [lead] + [b for b in order if b != lead]
+    return [np.resize(np.flatnonzero(bucket_ids == b), batch_size) for b in order]
+
+
+def precompile_probes(split: TokenizedSplit, buckets: list[int] | None, batch_size: int,
+                      first: np.ndarray) -> list[np.ndarray]:
+    """For neuron_parallel_compile: one training batch per length bucket, starting with the bucket of this rank's
+    first real batch (the step that also creates AdamW's state), then that bucket again (its steady-state step), so
+    every training graph of the real run is traced once. The same number of steps on every rank."""
+    probes = bucket_probes(split, buckets, batch_size, first)
     return probes + probes[:1]
 
 
@@ -310,6 +325,16 @@ class Runtime:
     def xla(self) -> bool:
         return self.device_type == "xla"
 
+    @property
+    def fixed_shapes(self) -> bool:
+        """Batches padded to a few fixed lengths and row counts: compiled graphs are per shape (XLA, Neuron)."""
+        return self.device_type in ("xla", "neuron")
+
+    def compile_options(self) -> dict:
+        """torch.compile's arguments: dynamic shapes on CUDA/CPU (dynamic padding, one graph); Neuron's backend over
+        the fixed length buckets."""
+        return {"backend": "neuron", "dynamic": False} if self.device_type == "neuron" else {"dynamic": True}
+
     def autocast(self):
         return torch.autocast(self.device_type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
 
@@ -343,16 +368,41 @@ class Runtime:
         return t.cpu().numpy()
 
 
+def neuron_available() -> bool:
+    """Whether TorchNeuron's device "neuron" is this process's accelerator."""
+    accelerator = getattr(torch, "accelerator", None)
+    return bool(accelerator and accelerator.is_available() and accelerator.current_accelerator().type == "neuron")
+
+
+def device_type_for(backend: str, xla: bool, neuron: bool, cuda: bool) -> str:
+    """xla | neuron | cuda | cpu: where this run trains, from --backend and what this machine has."""
+    if backend == "native":
+        if not neuron:
+            raise ValueError("--backend native: no TorchNeuron device 'neuron' here (trn2/trn3 with an image that "
+                             "ships TorchNeuron)")
+        return "neuron"
+    return "xla" if xla else "cuda" if cuda else "cpu"
+
+
 def setup(args: argparse.Namespace) -> Runtime:
     """Pick the device, join the process group, and set the device's environment."""
     distributed = "RANK" in os.environ
-    if torch_xla is not None:
+    kind = device_type_for(args.backend, torch_xla is not None, args.backend == "native" and neuron_available(),
+                           torch.cuda.is_available())
+    if kind == "neuron":  # the CUDA path's loop on TorchNeuron: DDP through torch.distributed
+        device_type = "neuron"
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("neuron", local_rank)
+        torch.accelerator.set_device_index(local_rank)
+        if distributed:
+            dist.init_process_group(device_id=device)
+    elif kind == "xla":
         os.environ.update(neuron_environment(dict(os.environ), Path(args.checkpoint_dir)))
         device_type = "xla"
         if distributed:
             dist.init_process_group("xla", init_method="xla://")
         device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
-    elif torch.cuda.is_available():
+    elif kind == "cuda":
         device_type = "cuda"
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)
@@ -366,8 +416,8 @@ def setup(args: argparse.Namespace) -> Runtime:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         if distributed:
             dist.init_process_group("gloo")
-    bf16 = args.bf16.lower() == "true" or (args.bf16.lower() == "auto" and device_type in ("xla", "cuda"))
-    compiled = args.compile.lower() == "true" or (args.compile.lower() == "auto" and device_type == "cuda")
+    bf16 = args.bf16.lower() == "true" or (args.bf16.lower() == "auto" and device_type != "cpu")
+    compiled = args.compile.lower() == "true" or (args.compile.lower() == "auto" and device_type in ("cuda", "neuron"))
     if compiled and device_type == "xla":
         raise ValueError("--compile True: XLA compiles every graph already (torch.compile is for CUDA and CPU)")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -533,7 +583,7 @@ def load_latest_checkpoint(checkpoint_dir: Path) -> dict | None:
 
 def make_loader(rt: Runtime, split: TokenizedSplit, batches: list[np.ndarray], rows: int | None, workers: int):
     """A loader of collated batches (on the device for XLA) and the tokens of each batch."""
-    buckets = length_buckets(split.max_length) if rt.xla else None
+    buckets = length_buckets(split.max_length) if rt.fixed_shapes else None
     multiple = 16 if rt.device_type == "cuda" else 1  # bf16 tensor-core tiles and the attention kernels' alignment
     pads = [pad_length(int(split.lengths[b].max()), buckets, multiple) for b in batches]
     loader = torch.utils.data.DataLoader(
@@ -621,9 +671,23 @@ def micro_step(rt: Runtime, model: torch.nn.Module, batch: dict[str, torch.Tenso
     return loss.detach()
 
 
+def reduce_gradients(rt: Runtime, model: torch.nn.Module) -> None:
+    """XLA: average the gradients across ranks (what xm.optimizer_step does, split off to clip in between), in bf16
+    when bf16 is on: half the bytes of the fp32 all-reduce (about 220 MB instead of 440 MB per step for bert-base),
+    the gradients themselves staying fp32 for clipping and AdamW."""
+    if rt.world_size == 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    wire = [g.to(torch.bfloat16) for g in grads] if rt.bf16 else grads
+    xm.all_reduce(xm.REDUCE_SUM, wire, scale=1.0 / rt.world_size)
+    if rt.bf16:
+        for grad, reduced in zip(grads, wire, strict=True):
+            grad.copy_(reduced)
+
+
 def optimizer_step(rt: Runtime, model: torch.nn.Module, optimizer, scheduler, max_grad_norm: float) -> None:
     if rt.xla:
-        xm.reduce_gradients(optimizer)  # what xm.optimizer_step does, split to clip in between
+        reduce_gradients(rt, model)
     if max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
@@ -646,12 +710,14 @@ def read_out(rt: Runtime, loss_sum: torch.Tensor, stop_requested: bool, checkpoi
 
 
 def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, optimizer, scheduler,
-               train: TokenizedSplit, scored: bool, buckets: list[int] | None, workers: int) -> dict:
-    """For neuron_parallel_compile: trace every graph of a real run once and train nothing that is kept. One
-    accumulation cycle per length bucket (the first again, whose first run initialised AdamW), the loss read-out,
-    and (`scored`: a validation or test split exists) the scoring graphs, on training rows; no checkpoint, no model
-    saved. The stats of the run."""
-    probes = precompile_probes(train, buckets, args.batch_size)
+               train: TokenizedSplit, scored: dict[str, TokenizedSplit], buckets: list[int] | None,
+               workers: int) -> dict:
+    """For neuron_parallel_compile: trace every graph of the real run once and keep nothing it trains: one
+    accumulation cycle per length bucket (see precompile_probes), the loss read-out, then for each split in `scored`
+    one evaluation batch per length bucket it fills and the all-reduce of its margins (the split's real size), and
+    the token counts' all-reduce. No checkpoint, no model saved. The stats of the run."""
+    first = train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size)[0]
+    probes = precompile_probes(train, buckets, args.batch_size, first)
     loader, _ = make_loader(rt, train, [p for p in probes for _ in range(args.grad_accum)], args.batch_size, workers)
     model.train()
     loss_sum, step = torch.zeros(()).to(rt.device), 0
@@ -666,9 +732,12 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
         if step % args.log_interval == 0 or step == len(probes):
             read_out(rt, loss_sum, False, False)
             loss_sum = torch.zeros(()).to(rt.device)
-    if scored:
-        score(rt, model, train, probes[:-1], args.batch_size if rt.xla else None, workers)
-    rt.log(f"precompile: traced {step} optimizer steps over {len(probes) - 1} length bucket(s)")
+    for split in scored.values():
+        score(rt, model, split, bucket_probes(split, buckets, args.batch_size), args.batch_size if rt.xla else None,
+              workers)
+    rt.all_reduce_sum(np.zeros(2))
+    rt.log(f"precompile: traced {step} optimizer steps over {len(probes) - 1} length bucket(s) and "
+           f"{', '.join(scored) or 'no'} evaluation")
     return {
         "device": rt.device_type,
         "world_size": rt.world_size,
@@ -752,7 +821,7 @@ def main(argv: list[str] | None = None) -> None:
     # data
     train = TokenizedSplit(args.train_dir, args.max_length)
     validation, test = load_split(args.validation_dir, args.max_length), load_split(args.test_dir, args.max_length)
-    buckets = length_buckets(args.max_length) if rt.xla else None
+    buckets = length_buckets(args.max_length) if rt.fixed_shapes else None
     workers = args.num_workers if args.num_workers >= 0 else (0 if rt.device_type == "cpu" else 2)
     micro_per_epoch = len(train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size))
     steps_per_epoch = micro_per_epoch // args.grad_accum
@@ -771,11 +840,11 @@ def main(argv: list[str] | None = None) -> None:
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.learning_rate, **({} if rt.xla else {"fused": True}),
+        lr=args.learning_rate, **({"fused": True} if rt.device_type in ("cpu", "cuda") else {}),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
     if args.precompile:
-        scored = validation is not None or test is not None
+        scored = {name: split for name, split in (("val", validation), ("test", test)) if split is not None}
         write_stats(rt, args.output_data_dir, precompile(args, rt, model, optimizer, scheduler, train, scored,
                                                          buckets, workers))
         rt.close()
@@ -798,10 +867,10 @@ def main(argv: list[str] | None = None) -> None:
     ddp = not rt.xla and rt.world_size > 1
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None
+            model, device_ids=[rt.device.index] if rt.device_type in ("cuda", "neuron") else None
         )
     if rt.compile:
-        model = torch.compile(model, dynamic=True)
+        model = torch.compile(model, **rt.compile_options())
 
     last_checkpoint = time.monotonic()
 
@@ -868,7 +937,7 @@ def main(argv: list[str] | None = None) -> None:
     throughput.interval()  # steps after the last read-out (a stop at the step limit reads out, so none)
 
     # scoring: validation and test, every rank its share
-    rows = args.batch_size if rt.xla else None
+    rows = args.batch_size if rt.fixed_shapes else None
     accuracy: dict[str, float | None] = {"val": None, "test": None}
     margins: dict[str, np.ndarray] = {}
     for name, split in (("val", validation), ("test", test)):
