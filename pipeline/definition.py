@@ -32,6 +32,10 @@ TRAINING_MODEL_CHANNEL = "/opt/ml/input/data/model"
 # Train step environment: glibc arenas capped (a checkpointing leak, as optimum-neuron does); libfabric fork safety
 # for the DataLoader workers and device RDMA on EFA (multi-node; ignored elsewhere). train.py adds the rest.
 TRAINING_ENVIRONMENT = {"MALLOC_ARENA_MAX": "64", "FI_EFA_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "1"}
+# The hyperparameters that shape Precompile's graphs (weight decay: 0 is a constant in the graph; seed: the bucket of
+# each rank's first batch); the schedule and logging keys are left out, so that changing them keeps its step cache.
+PRECOMPILE_HYPERPARAMETERS = ("model-id", "batch-size", "grad-accum", "max-length", "seed", "weight-decay", "bf16",
+                              "backend")
 
 
 def arguments(pairs: dict[str, Any]) -> list:
@@ -111,6 +115,11 @@ class Steps(StepParts):
         return TrainingStep(name=contract.PRECOMPILE, step_args=trainer.train(), cache_config=self.cache,
                             retry_policies=self.retry)
 
+    def precompile_hyperparameters(self) -> dict[str, Any]:
+        kept = {k: v for k, v in self.hyperparameters().items()
+                if k in PRECOMPILE_HYPERPARAMETERS or k.startswith("sagemaker_")}
+        return {**kept, "precompile": "true"}
+
     def train(self, tokenize: ProcessingStep, precompile: TrainingStep | None) -> TrainingStep:
         from sagemaker.mlops.workflow.steps import TrainingStep
 
@@ -162,7 +171,7 @@ class Steps(StepParts):
                 **self.hub_offline,
                 **({"RUN_NEURON_PARALLEL_COMPILE": "1"} if precompile else {}),
             },
-            hyperparameters={**self.hyperparameters(), **({"precompile": "true"} if precompile else {})},
+            hyperparameters=self.precompile_hyperparameters() if precompile else self.hyperparameters(),
             tags=[Tag(key=tag["Key"], value=tag["Value"]) for tag in self.tags] or None,
         ).with_metric_definitions([dict(metric) for metric in contract.METRIC_DEFINITIONS])
 

@@ -16,7 +16,7 @@ import pytest
 from pipeline.code import CodeBundle
 from pipeline.config import ConfigError, load_config
 from pipeline.dag.graph import flatten_steps
-from pipeline.definition import definition
+from pipeline.definition import PRECOMPILE_HYPERPARAMETERS, definition
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "definition.json"
@@ -360,7 +360,12 @@ def test_precompile_fills_the_compile_cache_before_train(steps, no_network_modul
     image, instances and hyperparameters as Train, into the S3 cache Train reads; Train waits for it."""
     precompile, train = steps["Precompile"]["Arguments"], steps["Train"]["Arguments"]
     assert precompile["Environment"] == {**train["Environment"], "RUN_NEURON_PARALLEL_COMPILE": "1"}
-    assert precompile["HyperParameters"] == {**train["HyperParameters"], "precompile": "true"}
+    train_keys = train["HyperParameters"]
+    assert precompile["HyperParameters"] == {
+        **{k: v for k, v in train_keys.items() if k in PRECOMPILE_HYPERPARAMETERS or k.startswith("sagemaker_")},
+        "precompile": "true",
+    }
+    assert {"epochs", "learning-rate", "log-interval"} <= set(train_keys) - set(precompile["HyperParameters"])
     for same in ("AlgorithmSpecification", "InputDataConfig", "ResourceConfig"):
         assert precompile[same] == train[same], same
     assert "CheckpointConfig" not in precompile  # it saves nothing to resume from

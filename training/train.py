@@ -6,11 +6,12 @@ Launched by torchrun, as the SageMaker training toolkit does for ``torch_distrib
         --epochs 1 --batch-size 32 --train-dir data/train --validation-dir data/validation --test-dir data/test \\
         --model-dir out/model --checkpoint-dir out/checkpoints
 
-Device: XLA (Trainium NeuronCores) when torch_xla imports, else CUDA, else CPU; process group xla, nccl or
-gloo. Data parallel: one process per device; DDP on CUDA/CPU (none for a single process), gradient all-reduce in
-the step on XLA. On CUDA/CPU the model runs PyTorch's fused attention (SDPA: flash attention for a batch without
-padding, known on the host) and a fused AdamW, and on CUDA it is compiled (`--compile auto`) with dynamic shapes,
-so dynamic padding costs one graph, not one per length.
+Device: XLA (Trainium NeuronCores) when torch_xla imports, else CUDA, else CPU; process group xla, nccl or gloo.
+`--backend native`: TorchNeuron's device "neuron" (beta, trn2/trn3) with the CUDA/CPU loop (DDP, torch.compile with
+Neuron's backend over the fixed length buckets). Data parallel: one process per device; DDP on CUDA/CPU (none for a
+single process), gradient all-reduce in the step on XLA. On CUDA/CPU the model runs PyTorch's fused attention (SDPA:
+flash attention for a batch without padding, known on the host) and a fused AdamW, and on CUDA it is compiled
+(`--compile auto`) with dynamic shapes, so dynamic padding costs one graph, not one per length.
 
 Batches. The training order is a pure function of (seed, epoch): the epoch's permutation is cut into
 mega-batches of 64 batches, each mega-batch is sorted by length and cut into batches (so a batch holds similar
@@ -21,13 +22,14 @@ CUDA/CPU a batch is padded to its longest row (dynamic padding); on XLA to the n
 Randomness. Dropout is reseeded at each optimizer step from (seed, step, rank), so a resumed run replays
 exactly the same masks without having to gather every rank's generator state into the checkpoint.
 
-Checkpoints. Every --checkpoint-interval steps, and when SIGTERM arrives (the flag is agreed between ranks at
-the next log interval), rank 0 writes ``slot-K/checkpoint.pt`` (model, optimizer, scheduler, step) into one of
-KEEP_CHECKPOINTS fixed slots (the oldest), then the ``COMPLETE`` marker with the step, size and SHA-256. Fixed
-names keep the S3 copy bounded: SageMaker's checkpoint sync uploads new and changed files but never deletes in
-S3 what is deleted here, so new names per step would pile up there. A start resumes from the newest slot whose
-file matches its marker and skips the batches that step consumed, so an interrupted and resumed run ends with
-the same weights as an uninterrupted one (exactly, on CPU). After a SIGTERM checkpoint the script exits with 143.
+Checkpoints. Every --checkpoint-interval steps, every --checkpoint-minutes, and when SIGTERM arrives (the clock and
+the flag are agreed between ranks at the next log interval), rank 0 writes ``slot-K/checkpoint.pt`` (model,
+optimizer, scheduler, step) into one of KEEP_CHECKPOINTS fixed slots (the oldest), then the ``COMPLETE`` marker with
+the step, size and SHA-256. Fixed names keep the S3 copy bounded: SageMaker's checkpoint sync uploads new and
+changed files but never deletes in S3 what is deleted here, so new names per step would pile up there. A start
+resumes from the newest slot whose file matches its marker and skips the batches that step consumed, so an
+interrupted and resumed run ends with the same weights as an uninterrupted one (exactly, on CPU). After a SIGTERM
+checkpoint the script exits with 143.
 
 Timing. The first --log-interval steps are the warm-up (compilation, allocator and data-loader start); the
 stats report the steady-state rate of the later intervals and the seconds the warm-up took beyond that rate
@@ -41,8 +43,9 @@ the Evaluate step takes the whole-test-split metrics without scoring 400k review
 XLA specifics: MpDeviceLoader, no host sync inside the step (the loss is summed on device and read every
 --log-interval steps), bf16 autocast (compiled with --auto-cast=none so that only autocast decides precision),
 the Neuron compile cache at $NEURON_COMPILE_CACHE_URL or else inside the checkpoint folder, the EFA settings of
-multi-node jobs (see neuron_environment), and ``--precompile True`` for neuron_parallel_compile: one
-accumulation cycle per length bucket, no checkpoint and no model saved.
+multi-node jobs (see neuron_environment), the gradient all-reduce in bf16, and ``--precompile True`` for
+neuron_parallel_compile (the pipeline's Precompile step): every graph of the run traced once (see precompile), no
+checkpoint and no model saved.
 """
 
 import argparse
@@ -510,21 +513,6 @@ def to_cpu(obj):
 # checkpoints: a ring of KEEP_CHECKPOINTS fixed slots
 
 
-class HashingWriter:
-    """A binary file that computes the SHA-256 of what is written to it (no second read of a 1 GB checkpoint)."""
-
-    def __init__(self, f):
-        self.f, self.digest, self.size = f, hashlib.sha256(), 0
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        self.size += len(data)
-        return self.f.write(data)
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -551,10 +539,9 @@ def save_checkpoint(checkpoint_dir: Path, step: int, state: dict) -> Path:
     slot = checkpoint_dir / min(names, key=lambda n: used.get(n, -1))
     slot.mkdir(parents=True, exist_ok=True)
     (slot / MARKER).unlink(missing_ok=True)
-    with (slot / "checkpoint.pt").open("wb") as f:
-        writer = HashingWriter(f)
-        torch.save(state, writer)
-    marker = {"step": step, "bytes": writer.size, "sha256": writer.digest.hexdigest()}
+    torch.save(state, slot / "checkpoint.pt")
+    path = slot / "checkpoint.pt"
+    marker = {"step": step, "bytes": path.stat().st_size, "sha256": _sha256(path)}
     (slot / f".{MARKER}").write_text(json.dumps(marker))
     os.replace(slot / f".{MARKER}", slot / MARKER)
     return slot
@@ -714,8 +701,10 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
                workers: int) -> dict:
     """For neuron_parallel_compile: trace every graph of the real run once and keep nothing it trains: one
     accumulation cycle per length bucket (see precompile_probes), the loss read-out, then for each split in `scored`
-    one evaluation batch per length bucket it fills and the all-reduce of its margins (the split's real size), and
-    the token counts' all-reduce. No checkpoint, no model saved. The stats of the run."""
+    one evaluation batch per length bucket it fills, the bucket of this rank's first evaluation batch first (the
+    first batch's graph holds more than the forward pass) and again at the end (its plain graph), and the all-reduce
+    of its margins (the split's real size), and the token counts' all-reduce. No checkpoint, no model saved. The
+    stats of the run."""
     first = train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size)[0]
     probes = precompile_probes(train, buckets, args.batch_size, first)
     loader, _ = make_loader(rt, train, [p for p in probes for _ in range(args.grad_accum)], args.batch_size, workers)
@@ -733,8 +722,9 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
             read_out(rt, loss_sum, False, False)
             loss_sum = torch.zeros(()).to(rt.device)
     for split in scored.values():
-        score(rt, model, split, bucket_probes(split, buckets, args.batch_size), args.batch_size if rt.xla else None,
-              workers)
+        own = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
+        probes = bucket_probes(split, buckets, args.batch_size, own[0] if own else None)
+        score(rt, model, split, probes + probes[:1], args.batch_size if rt.xla else None, workers)
     rt.all_reduce_sum(np.zeros(2))
     rt.log(f"precompile: traced {step} optimizer steps over {len(probes) - 1} length bucket(s) and "
            f"{', '.join(scored) or 'no'} evaluation")
