@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from pipeline.config_backend import NeuronBackend
 from pipeline.config_base import INSTANCE_TYPE, S3_URI, Section
 from pipeline.devices import DEVICES, default_batch_size, scaled_learning_rate
 
@@ -20,7 +21,7 @@ class Spot(Section):
     max_wait_seconds: int = Field(default=48 * 3600, ge=60, le=28 * 24 * 3600)
 
 
-class Training(Section):
+class Training(NeuronBackend):
     instance_type: str = Field(pattern=INSTANCE_TYPE)
     instance_count: int = Field(default=1, ge=1)
     volume_size_gb: int = Field(default=200, ge=1, le=16384)
@@ -40,6 +41,7 @@ class Training(Section):
     seed: int = 42
     log_interval: int = Field(default=50, ge=1)
     checkpoint_interval: int = Field(default=500, ge=1)
+    checkpoint_minutes: float = Field(default=30.0, ge=0)  # also checkpoint after this long; 0: steps only
     bf16: Literal["auto"] | bool = "auto"
 
     @model_validator(mode="before")

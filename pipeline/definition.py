@@ -1,7 +1,8 @@
 """The pipeline DAG: config in, SageMaker `Pipeline` out, one helper per step, read in DAG order.
 
-Tokenize -> Train -> Evaluate -> AccuracyGate -+-> RegisterModel --> ApprovedGate -> Deploy
-                                               +-> AccuracyTooLow (Fail)
+Tokenize -> [Precompile ->] Train -> Evaluate -> AccuracyGate -+-> RegisterModel --> ApprovedGate -> Deploy
+                                                                +-> AccuracyTooLow (Fail)
+(Precompile: training.backend xla with training.precompile.)
 
 `definition()` builds it with no network call and gives byte-identical JSON for the same config
 and code: step code lives at content-hashed S3 keys (see `pipeline.code`).
@@ -32,6 +33,10 @@ TRAINING_MODEL_CHANNEL = "/opt/ml/input/data/model"
 # Train step environment: glibc arenas capped (a checkpointing leak, as optimum-neuron does); libfabric fork safety
 # for the DataLoader workers and device RDMA on EFA (multi-node; ignored elsewhere). train.py adds the rest.
 TRAINING_ENVIRONMENT = {"MALLOC_ARENA_MAX": "64", "FI_EFA_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "1"}
+# The hyperparameters that shape Precompile's graphs (weight decay: 0 is a constant in the graph; seed: the bucket of
+# each rank's first batch); the schedule and logging keys are left out, so that changing them keeps its step cache.
+PRECOMPILE_HYPERPARAMETERS = ("model-id", "batch-size", "grad-accum", "max-length", "seed", "weight-decay", "bf16",
+                              "backend")
 
 
 def arguments(pairs: dict[str, Any]) -> list:
@@ -91,7 +96,9 @@ class Steps(StepParts):
             "seed": str(training.seed),
             "log-interval": str(training.log_interval),
             "checkpoint-interval": str(training.checkpoint_interval),
+            "checkpoint-minutes": str(training.checkpoint_minutes),
             "bf16": str(training.bf16).lower(),
+            "backend": training.backend,
             "sagemaker_program": json.dumps("train.py"),
             "sagemaker_submit_directory": json.dumps(bundles()["training"].uri(self.cfg.s3_root)),
             "sagemaker_torch_distributed_enabled": "true",
@@ -99,21 +106,44 @@ class Steps(StepParts):
             "sagemaker_region": json.dumps(self.cfg.aws.region),
         }
 
-    def train(self, tokenize: ProcessingStep) -> TrainingStep:
+    def precompile(self, tokenize: ProcessingStep) -> TrainingStep:
+        """Ahead-of-time compile (XLA): the training toolkit runs `neuron_parallel_compile torchrun ... train.py
+        --precompile True` (RUN_NEURON_PARALLEL_COMPILE=1), which traces every graph of the run in a few steps and
+        compiles them in parallel into the S3 compile cache that Train then reads."""
+        from sagemaker.mlops.workflow.steps import TrainingStep
+
+        trainer = self.trainer(tokenize, precompile=True)
+        return TrainingStep(name=contract.PRECOMPILE, step_args=trainer.train(), cache_config=self.cache,
+                            retry_policies=self.retry)
+
+    def precompile_hyperparameters(self) -> dict[str, Any]:
+        kept = {k: v for k, v in self.hyperparameters().items()
+                if k in PRECOMPILE_HYPERPARAMETERS or k.startswith("sagemaker_")}
+        return {**kept, "precompile": "true"}
+
+    def train(self, tokenize: ProcessingStep, precompile: TrainingStep | None) -> TrainingStep:
+        from sagemaker.mlops.workflow.steps import TrainingStep
+
+        return TrainingStep(name=contract.TRAIN, step_args=self.trainer(tokenize, precompile=False).train(),
+                            cache_config=self.cache, retry_policies=self.retry,
+                            depends_on=[precompile] if precompile else None)
+
+    def trainer(self, tokenize: ProcessingStep, precompile: bool):
+        """The training job of Train, or (`precompile`) of Precompile: the same job but for its switch, its name and
+        no checkpoints."""
         from sagemaker.core.shapes import OutputDataConfig, StoppingCondition, Tag
         from sagemaker.core.training.configs import CheckpointConfig, Compute, InputData, Networking
         from sagemaker.core.workflow import ExecutionVariables, Join
-        from sagemaker.mlops.workflow.steps import TrainingStep
         from sagemaker.train import ModelTrainer
 
         cfg, training, vpc = self.cfg, self.cfg.training, self.cfg.aws.vpc
         channels = [InputData(channel_name=name, data_source=self.output(tokenize, name)) for name in contract.SPLITS]
         if self.staged_model:
             channels.append(InputData(channel_name="model", data_source=training.model_id))
-        trainer = ModelTrainer(
+        return ModelTrainer(
             role=cfg.aws.role_arn,
             training_image=cfg.image("training"),
-            base_job_name=f"{cfg.pipeline.name}-train",
+            base_job_name=f"{cfg.pipeline.name}-{'precompile' if precompile else 'train'}",
             sagemaker_session=self.session,
             compute=Compute(
                 instance_type=self.parameters.train_instance_type,
@@ -131,7 +161,7 @@ class Steps(StepParts):
             output_data_config=OutputDataConfig(
                 s3_output_path=Join(on="/", values=[*self.run_prefix, "model"]), kms_key_id=cfg.aws.kms_key_id
             ),
-            checkpoint_config=CheckpointConfig(
+            checkpoint_config=None if precompile else CheckpointConfig(
                 s3_uri=Join(on="/", values=[cfg.checkpoint_s3_uri, ExecutionVariables.PIPELINE_EXECUTION_ID]),
                 local_path=contract.CHECKPOINT_DIR,
             ),
@@ -140,13 +170,11 @@ class Steps(StepParts):
                 "HF_HUB_DISABLE_TELEMETRY": "1",
                 **TRAINING_ENVIRONMENT,
                 **self.hub_offline,
-                **self.tracking(),
+                **({"RUN_NEURON_PARALLEL_COMPILE": "1"} if precompile else self.tracking()),
             },
-            hyperparameters=self.hyperparameters(),
+            hyperparameters=self.precompile_hyperparameters() if precompile else self.hyperparameters(),
             tags=[Tag(key=tag["Key"], value=tag["Value"]) for tag in self.tags] or None,
         ).with_metric_definitions([dict(metric) for metric in contract.METRIC_DEFINITIONS])
-        return TrainingStep(name=contract.TRAIN, step_args=trainer.train(), cache_config=self.cache,
-                            retry_policies=self.retry)
 
     def tracking(self) -> dict[str, Any]:
         """The MLflow environment of Train and Evaluate (training/tracking.py): the tracking server (none on AWS without
@@ -304,7 +332,8 @@ def build_pipeline(cfg: Config) -> Pipeline:
     report = PropertyFile(name=contract.PROPERTY_FILE, output_name=contract.EVALUATION_OUTPUT,
                           path=contract.REPORT_FILE)
     tokenize = steps.tokenize()
-    train = steps.train(tokenize)
+    precompile = steps.precompile(tokenize) if cfg.training.precompile_job else None
+    train = steps.train(tokenize, precompile)
     evaluate = steps.evaluate(tokenize, train, report)
     register = steps.register(train, evaluate, report)
     accuracy_gate = steps.accuracy_gate(evaluate, report, register, steps.too_low(evaluate, report))
@@ -312,7 +341,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
     return Pipeline(
         name=cfg.pipeline.name,
         parameters=steps.parameters.declared(),
-        steps=[tokenize, train, evaluate, accuracy_gate, approved_gate],
+        steps=[tokenize, *([precompile] if precompile else []), train, evaluate, accuracy_gate, approved_gate],
         sagemaker_session=steps.session,
         # No SageMaker Experiment and trial per execution (the SDK's default in some regions): nothing here reads
         # them, and the execution role is not allowed to create them.

@@ -7,7 +7,7 @@ training/ runs from its own bundle and keeps copies of what it needs; tests/test
 from __future__ import annotations
 
 # Steps of the DAG
-TOKENIZE, TRAIN, EVALUATE = "Tokenize", "Train", "Evaluate"
+TOKENIZE, PRECOMPILE, TRAIN, EVALUATE = "Tokenize", "Precompile", "Train", "Evaluate"
 ACCURACY_GATE, REGISTER, APPROVED_GATE, DEPLOY, ACCURACY_TOO_LOW = (
     "AccuracyGate",
     "RegisterModel",

@@ -59,7 +59,9 @@ def test_upsert_creates_then_updates_and_uploads_code_once(aws, capsys):
     uploaded = int(out.split("code: ")[1].split(" ")[0])
     assert uploaded == len(keys)
     deployed = json.loads(aws["sagemaker"].describe_pipeline(PipelineName="trainium-bert")["PipelineDefinition"])
-    assert {s["Name"] for s in deployed["Steps"]} == {"Tokenize", "Train", "Evaluate", "AccuracyGate", "ApprovedGate"}
+    assert {s["Name"] for s in deployed["Steps"]} == {
+        "Tokenize", "Precompile", "Train", "Evaluate", "AccuracyGate", "ApprovedGate"
+    }
     tags = aws["sagemaker"].list_tags(
         ResourceArn=aws["sagemaker"].describe_pipeline(PipelineName="trainium-bert")["PipelineArn"]
     )["Tags"]

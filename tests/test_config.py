@@ -70,6 +70,16 @@ def test_spot_wait_must_cover_the_runtime():
         load_config(SHIPPED, ["training.spot.enabled=true", "training.spot.max_wait_seconds=3600"], environ={})
 
 
+def test_native_backend_is_refused_on_trn1_in_one_line():
+    for instance_type in ("ml.trn1.32xlarge", "ml.trn1n.32xlarge"):
+        with pytest.raises(ConfigError) as error:
+            load_config(SHIPPED, ["training.backend=native", f"training.instance_type={instance_type}"], environ={})
+        assert f"training.backend=native: TorchNeuron runs on trn2/trn3 only, not training.instance_type=" \
+               f"{instance_type}" in str(error.value) and "\n" not in str(error.value)
+    native = load_config(SHIPPED, ["training.backend=native", "training.instance_type=ml.trn2.48xlarge"], environ={})
+    assert native.training.backend == "native" and not native.training.precompile_job
+
+
 def test_environment_then_set_overrides_apply_in_that_order():
     environ = {
         "TRAINIUM_PIPELINE_REGION": "eu-west-1",

@@ -17,7 +17,7 @@ import pytest
 from pipeline.code import CodeBundle
 from pipeline.config import ConfigError, load_config
 from pipeline.dag.graph import flatten_steps
-from pipeline.definition import definition
+from pipeline.definition import PRECOMPILE_HYPERPARAMETERS, definition
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "definition.json"
@@ -76,9 +76,12 @@ def test_is_byte_identical_for_the_same_config(text):
 
 
 def test_steps_types_and_wiring(dag, steps):
-    assert [s["Name"] for s in dag["Steps"]] == ["Tokenize", "Train", "Evaluate", "AccuracyGate", "ApprovedGate"]
+    assert [s["Name"] for s in dag["Steps"]] == [
+        "Tokenize", "Precompile", "Train", "Evaluate", "AccuracyGate", "ApprovedGate"
+    ]
     assert {n: s["Type"] for n, s in steps.items()} == {
         "Tokenize": "Processing",
+        "Precompile": "Training",
         "Train": "Training",
         "Evaluate": "Processing",
         "AccuracyGate": "Condition",
@@ -384,6 +387,28 @@ def test_multi_node_training_request_carries_the_neuron_and_efa_environment(tmp_
     flags = added["NEURON_CC_FLAGS"].split()
     assert {"--model-type=transformer", "--auto-cast=none"} <= set(flags)
     assert f"--cache_dir={environment['NEURON_COMPILE_CACHE_URL']}" in flags
+
+
+def test_precompile_fills_the_compile_cache_before_train(steps, no_network_module):
+    """The training toolkit's switch runs neuron_parallel_compile over train.py --precompile, on the same data,
+    image, instances and hyperparameters as Train, into the S3 cache Train reads; Train waits for it."""
+    precompile, train = steps["Precompile"]["Arguments"], steps["Train"]["Arguments"]
+    assert precompile["Environment"] == {**train["Environment"], "RUN_NEURON_PARALLEL_COMPILE": "1"}
+    train_keys = train["HyperParameters"]
+    assert precompile["HyperParameters"] == {
+        **{k: v for k, v in train_keys.items() if k in PRECOMPILE_HYPERPARAMETERS or k.startswith("sagemaker_")},
+        "precompile": "true",
+    }
+    assert {"epochs", "learning-rate", "log-interval"} <= set(train_keys) - set(precompile["HyperParameters"])
+    for same in ("AlgorithmSpecification", "InputDataConfig", "ResourceConfig"):
+        assert precompile[same] == train[same], same
+    assert "CheckpointConfig" not in precompile  # it saves nothing to resume from
+    assert steps["Train"]["DependsOn"] == ["Precompile"]
+    for off in ("training.compile_ahead=false", "training.backend=native"):
+        overrides = [off, "training.instance_type=ml.trn2.48xlarge"]
+        dag = json.loads(definition(load_config(ROOT / "pipeline.yaml", overrides, environ={})))
+        names = [s["Name"] for s in dag["Steps"]]
+        assert "Precompile" not in names and "DependsOn" not in dag["Steps"][1], off
 
 
 def test_a_vpc_without_internet_stages_wheels_model_and_data_from_s3():

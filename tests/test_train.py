@@ -242,8 +242,8 @@ def test_neuron_environment_for_single_and_multi_node(tmp_path):
     train = load_train_module()
     single = train.neuron_environment({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_INSTANCE_TYPE": "ml.trn1.32xlarge"},
                                       tmp_path)
-    assert single == {"NEURON_CC_FLAGS": f"--model-type=transformer --auto-cast=none --cache_dir={tmp_path}/"
-                                         "neuron-compile-cache"}
+    assert single == {"NEURON_CC_FLAGS": "--model-type=transformer --auto-cast=none --retry_failed_compilation "
+                                         f"--cache_dir={tmp_path}/neuron-compile-cache"}
     for instance_type in ("ml.trn1.32xlarge", "ml.trn1n.32xlarge"):
         multi = train.neuron_environment(
             {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_INSTANCE_TYPE": instance_type,
@@ -252,7 +252,8 @@ def test_neuron_environment_for_single_and_multi_node(tmp_path):
             tmp_path,
         )
         assert multi == {
-            "NEURON_CC_FLAGS": "--model-type=generic --auto-cast=none --cache_dir=s3://b/cache",
+            "NEURON_CC_FLAGS": "--model-type=generic --auto-cast=none --retry_failed_compilation "
+                               "--cache_dir=s3://b/cache",
             "FI_PROVIDER": "efa",
             "FI_EFA_USE_DEVICE_RDMA": "1",
         }, "what the job sets wins"
@@ -270,3 +271,74 @@ def test_every_metric_definition_reads_a_number_from_the_real_log(workspace, run
         assert values and all(np.isfinite(values)), metric
     stats = json.loads((workspace / "reference" / "output" / STATS_FILE).read_text())
     assert set(STATS_METRICS) <= set(stats) and all(stats[key] is not None for key in STATS_METRICS)
+
+
+SEEDED_HEAD = """
+import importlib.util, os, sys
+import torch
+spec = importlib.util.spec_from_file_location("train", sys.argv[1])
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+torch.manual_seed(1000 + int(os.environ["RANK"]))  # each rank's generator differs before the model is made
+args = train.parse_args(["--model-id", sys.argv[2], "--seed", "7", "--checkpoint-dir", sys.argv[3]])
+rt = train.setup(args)
+model = train.load_model(args.model_id, rt, args.seed)
+torch.save(model.classifier.weight.detach(), os.path.join(sys.argv[3], f"head-{rt.rank}.pt"))
+rt.close()
+"""
+
+
+def test_every_rank_starts_from_the_same_head_whatever_its_generator(workspace, tmp_path):
+    """Two gloo ranks under torchrun whose default generators differ: the explicit seed gives both the same fresh
+    classifier head (on XLA no DDP broadcasts it)."""
+    script = tmp_path / "seeded_head.py"
+    script.write_text(SEEDED_HEAD)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+           str(TRAIN), str(workspace / "base-model"), str(tmp_path)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    heads = [torch.load(tmp_path / f"head-{rank}.pt") for rank in range(2)]
+    assert torch.equal(heads[0], heads[1])
+
+
+def test_splits_stay_narrow_in_memory_and_batches_are_int64(workspace):
+    """The Parquet types (int32 ids, int8 token types and labels) are kept: 32 ranks x int64 would fill the host."""
+    train = load_train_module()
+    split = train.TokenizedSplit(str(workspace / "data" / "train"), 64)
+    assert (split.input_ids.dtype, split.token_type_ids.dtype, split.labels.dtype) == (np.int32, np.int8, np.int8)
+    batch = split.collate(np.arange(4), pad_to=64, rows=6)
+    assert all(v.dtype == torch.int64 for v in batch.values())
+    assert batch["labels"].tolist()[4:] == [-1, -1] and batch["input_ids"][0, 0] == int(split.input_ids[0])
+
+
+def test_checkpoints_also_on_the_clock(workspace, tmp_path):
+    """--checkpoint-minutes: a checkpoint at the first log line after the interval ran out, with step checkpoints
+    off; all ranks agree on it (2 ranks)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(TRAIN),
+           "--model-id", str(workspace / "base-model"), "--train-dir", str(workspace / "data" / "train"),
+           "--model-dir", str(tmp_path / "model"), "--output-data-dir", str(tmp_path / "output"),
+           "--checkpoint-dir", str(tmp_path / "checkpoints"), "--batch-size", "8", "--max-length", "64",
+           "--max-steps", "6", "--log-interval", "3", "--checkpoint-interval", "0", "--checkpoint-minutes", "1e-6"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.findall(r"^saved checkpoint \S+ at step=(\d+)$", proc.stdout, re.M) == ["3", "6"], proc.stdout
+    assert [step for step, _ in load_train_module().complete_checkpoints(tmp_path / "checkpoints")] == [3, 6]
+
+
+def test_native_backend_takes_the_shared_loop_on_device_neuron():
+    """--backend native: device "neuron" where TorchNeuron is the accelerator (faked here), with the CUDA/CPU loop's
+    DDP and torch.compile, Neuron's compiler backend over fixed length buckets; refused in one line without it."""
+    train = load_train_module()
+    assert train.device_type_for("native", xla=True, neuron=True, cuda=False) == "neuron"
+    assert train.device_type_for("xla", xla=True, neuron=True, cuda=False) == "xla"
+    assert train.device_type_for("xla", xla=False, neuron=False, cuda=False) == "cpu"
+    with pytest.raises(ValueError, match="--backend native: no TorchNeuron device 'neuron' here"):
+        train.device_type_for("native", xla=True, neuron=False, cuda=True)
+    assert train.parse_args(["--backend", "native"]).backend == "native"
+    neuron = train.Runtime(torch.device("cpu"), "neuron", 0, 1, False, True, True)
+    assert neuron.fixed_shapes and not neuron.xla
+    assert neuron.compile_options() == {"backend": "neuron", "dynamic": False}
+    cpu = train.Runtime(torch.device("cpu"), "cpu", 0, 1, False, False, False)
+    assert not cpu.fixed_shapes and cpu.compile_options() == {"dynamic": True}

@@ -6,11 +6,12 @@ Launched by torchrun, as the SageMaker training toolkit does for ``torch_distrib
         --epochs 1 --batch-size 32 --train-dir data/train --validation-dir data/validation --test-dir data/test \\
         --model-dir out/model --checkpoint-dir out/checkpoints
 
-Device: XLA (Trainium NeuronCores) when torch_xla imports, else CUDA, else CPU; process group xla, nccl or
-gloo. Data parallel: one process per device; DDP on CUDA/CPU (none for a single process), gradient all-reduce in
-the step on XLA. On CUDA/CPU the model runs PyTorch's fused attention (SDPA: flash attention for a batch without
-padding, known on the host) and a fused AdamW, and on CUDA it is compiled (`--compile auto`) with dynamic shapes,
-so dynamic padding costs one graph, not one per length.
+Device: XLA (Trainium NeuronCores) when torch_xla imports, else CUDA, else CPU; process group xla, nccl or gloo.
+`--backend native`: TorchNeuron's device "neuron" (beta, trn2/trn3) with the CUDA/CPU loop (DDP, torch.compile with
+Neuron's backend over the fixed length buckets). Data parallel: one process per device; DDP on CUDA/CPU (none for a
+single process), gradient all-reduce in the step on XLA. On CUDA/CPU the model runs PyTorch's fused attention (SDPA:
+flash attention for a batch without padding, known on the host) and a fused AdamW, and on CUDA it is compiled
+(`--compile auto`) with dynamic shapes, so dynamic padding costs one graph, not one per length.
 
 Batches. The training order is a pure function of (seed, epoch): the epoch's permutation is cut into
 mega-batches of 64 batches, each mega-batch is sorted by length and cut into batches (so a batch holds similar
@@ -21,13 +22,14 @@ CUDA/CPU a batch is padded to its longest row (dynamic padding); on XLA to the n
 Randomness. Dropout is reseeded at each optimizer step from (seed, step, rank), so a resumed run replays
 exactly the same masks without having to gather every rank's generator state into the checkpoint.
 
-Checkpoints. Every --checkpoint-interval steps, and when SIGTERM arrives (the flag is agreed between ranks at
-the next log interval), rank 0 writes ``slot-K/checkpoint.pt`` (model, optimizer, scheduler, step) into one of
-KEEP_CHECKPOINTS fixed slots (the oldest), then the ``COMPLETE`` marker with the step, size and SHA-256. Fixed
-names keep the S3 copy bounded: SageMaker's checkpoint sync uploads new and changed files but never deletes in
-S3 what is deleted here, so new names per step would pile up there. A start resumes from the newest slot whose
-file matches its marker and skips the batches that step consumed, so an interrupted and resumed run ends with
-the same weights as an uninterrupted one (exactly, on CPU). After a SIGTERM checkpoint the script exits with 143.
+Checkpoints. Every --checkpoint-interval steps, every --checkpoint-minutes, and when SIGTERM arrives (the clock and
+the flag are agreed between ranks at the next log interval), rank 0 writes ``slot-K/checkpoint.pt`` (model,
+optimizer, scheduler, step) into one of KEEP_CHECKPOINTS fixed slots (the oldest), then the ``COMPLETE`` marker with
+the step, size and SHA-256. Fixed names keep the S3 copy bounded: SageMaker's checkpoint sync uploads new and
+changed files but never deletes in S3 what is deleted here, so new names per step would pile up there. A start
+resumes from the newest slot whose file matches its marker and skips the batches that step consumed, so an
+interrupted and resumed run ends with the same weights as an uninterrupted one (exactly, on CPU). After a SIGTERM
+checkpoint the script exits with 143.
 
 Timing. The first --log-interval steps are the warm-up (compilation, allocator and data-loader start); the
 stats report the steady-state rate of the later intervals and the seconds the warm-up took beyond that rate
@@ -41,8 +43,9 @@ the Evaluate step takes the whole-test-split metrics without scoring 400k review
 XLA specifics: MpDeviceLoader, no host sync inside the step (the loss is summed on device and read every
 --log-interval steps), bf16 autocast (compiled with --auto-cast=none so that only autocast decides precision),
 the Neuron compile cache at $NEURON_COMPILE_CACHE_URL or else inside the checkpoint folder, the EFA settings of
-multi-node jobs (see neuron_environment), and ``--precompile True`` for neuron_parallel_compile: one
-accumulation cycle per length bucket, no checkpoint and no model saved.
+multi-node jobs (see neuron_environment), the gradient all-reduce in bf16, and ``--precompile True`` for
+neuron_parallel_compile (the pipeline's Precompile step): every graph of the run traced once (see precompile), no
+checkpoint and no model saved.
 """
 
 import argparse
@@ -91,7 +94,7 @@ PREDICTIONS_FILE = "predictions/test.parquet"
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 # Instance types whose multi-node collectives go over EFA (the toolkit itself only knows trn1.32xlarge).
 EFA_INSTANCE_TYPES = ("ml.trn1.32xlarge", "ml.trn1n.32xlarge", "ml.trn2.48xlarge")
-NEURON_CC_FLAGS = ("--model-type=transformer", "--auto-cast=none")
+NEURON_CC_FLAGS = ("--model-type=transformer", "--auto-cast=none", "--retry_failed_compilation")
 
 
 def str2bool(value: str) -> bool:
@@ -122,10 +125,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--log-interval", type=int, default=50)
     p.add_argument("--checkpoint-interval", type=int, default=500, help="0 disables periodic checkpoints")
+    p.add_argument("--checkpoint-minutes", type=float, default=30.0,
+                   help="also checkpoint when this many minutes passed since the last one (checked at each log "
+                        "interval); 0 disables")
     p.add_argument("--bf16", default="auto", choices=["True", "False", "auto", "true", "false"])
     p.add_argument("--compile", default="auto", choices=["True", "False", "auto", "true", "false"],
                    help="torch.compile the model; auto: on CUDA")
     p.add_argument("--precompile", type=str2bool, default=False)
+    p.add_argument("--backend", default="xla", choices=["xla", "native"],
+                   help="xla: PyTorch/XLA when torch_xla imports (else CUDA, else CPU); native: TorchNeuron's "
+                        "device 'neuron' with torch.compile(backend='neuron') (beta, trn2/trn3)")
     p.add_argument("--num-workers", type=int, default=-1, help="DataLoader workers; -1: 0 on CPU, 2 elsewhere")
     p.add_argument("--train-dir", default=env("SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"))
     p.add_argument("--validation-dir", default=env("SM_CHANNEL_VALIDATION", "/opt/ml/input/data/validation"))
@@ -146,7 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class TokenizedSplit:
-    """A Parquet split (input_ids, token_type_ids, label) held as flat numpy arrays plus row offsets."""
+    """A Parquet split (input_ids, token_type_ids, label) held as flat numpy arrays plus row offsets, in the
+    Parquet files' narrow types (int32 ids, int8 types and labels: a quarter of int64 on each of the host's ranks);
+    `collate` widens a batch to the int64 tensors the model takes."""
 
     def __init__(self, folder: str, max_length: int):
         files = sorted(Path(folder).glob("*.parquet"))
@@ -155,14 +166,14 @@ class TokenizedSplit:
         table = pq.read_table(files, columns=None)
         ids = table.column("input_ids").combine_chunks()
         self.offsets = np.asarray(ids.offsets, dtype=np.int64)
-        self.input_ids = np.asarray(ids.values, dtype=np.int64)
+        self.input_ids = np.asarray(ids.values).astype(np.int32, copy=False)
         self.token_type_ids = None
         if "token_type_ids" in table.column_names:
             types = table.column("token_type_ids").combine_chunks()
             if not np.array_equal(np.asarray(types.offsets), self.offsets):
                 raise ValueError(f"{folder}: token_type_ids and input_ids rows differ in length")
-            self.token_type_ids = np.asarray(types.values, np.int64)
-        self.labels = table.column("label").to_numpy().astype(np.int64)
+            self.token_type_ids = np.asarray(types.values).astype(np.int8, copy=False)
+        self.labels = table.column("label").to_numpy().astype(np.int8, copy=False)
         self.lengths = np.minimum(np.diff(self.offsets), max_length)
         self.max_length = max_length
 
@@ -250,11 +261,23 @@ def eval_batches(lengths: np.ndarray, batch_size: int, rank: int, world_size: in
     return batches[rank::world_size]
 
 
-def precompile_probes(split: TokenizedSplit, buckets: list[int] | None, batch_size: int) -> list[np.ndarray]:
-    """For neuron_parallel_compile: one batch per length bucket, plus the first again (whose first run
-    initialised AdamW), so every graph of a real run is traced once."""
+def bucket_probes(split: TokenizedSplit, buckets: list[int] | None, batch_size: int,
+                  first: np.ndarray | None = None) -> list[np.ndarray]:
+    """One batch of `split` per length bucket it fills, the bucket of batch `first` (the run's first) first."""
     bucket_ids = np.searchsorted(buckets, split.lengths) if buckets else np.zeros(len(split), np.int64)
-    probes = [np.resize(np.flatnonzero(bucket_ids == b), batch_size) for b in np.unique(bucket_ids)]
+    order = list(np.unique(bucket_ids))
+    if first is not None:
+        lead = bucket_ids[first].max()
+        order = [lead] + [b for b in order if b != lead]
+    return [np.resize(np.flatnonzero(bucket_ids == b), batch_size) for b in order]
+
+
+def precompile_probes(split: TokenizedSplit, buckets: list[int] | None, batch_size: int,
+                      first: np.ndarray) -> list[np.ndarray]:
+    """For neuron_parallel_compile: one training batch per length bucket, starting with the bucket of this rank's
+    first real batch (the step that also creates AdamW's state), then that bucket again (its steady-state step), so
+    every training graph of the real run is traced once. The same number of steps on every rank."""
+    probes = bucket_probes(split, buckets, batch_size, first)
     return probes + probes[:1]
 
 
@@ -266,9 +289,11 @@ def neuron_environment(environ: dict[str, str], checkpoint_dir: Path) -> dict[st
     """Variables this run needs on Trainium, leaving any the job already sets alone.
 
     NEURON_CC_FLAGS: --model-type=transformer (the public trn1 BERT sample and optimum-neuron), --auto-cast=none
-    (precision comes from torch.autocast alone, as the Neuron migration guide requires instead of XLA_DOWNCAST_BF16)
-    and the compile cache. Multi-node on an EFA instance type: FI_PROVIDER=efa with device RDMA and fork safety
-    (the DataLoader forks workers), which the training toolkit sets for trn1.32xlarge only, not trn1n / trn2."""
+    (precision comes from torch.autocast alone, as the Neuron migration guide requires instead of XLA_DOWNCAST_BF16),
+    --retry_failed_compilation (the BERT sample's: a compile cut short, by a spot reclaim say, is cached as failed and
+    would otherwise be skipped by every later job sharing the cache) and the compile cache. Multi-node on an EFA
+    instance type: FI_PROVIDER=efa with device RDMA and fork safety (the DataLoader forks workers), which the
+    training toolkit sets for trn1.32xlarge only, not trn1n / trn2."""
     flags = environ.get("NEURON_CC_FLAGS", "")
     cache = environ.get("NEURON_COMPILE_CACHE_URL") or str(checkpoint_dir / "neuron-compile-cache")
     for flag in (*NEURON_CC_FLAGS, f"--cache_dir={cache}"):
@@ -306,6 +331,16 @@ class Runtime:
     def xla(self) -> bool:
         return self.device_type == "xla"
 
+    @property
+    def fixed_shapes(self) -> bool:
+        """Batches padded to a few fixed lengths and row counts: compiled graphs are per shape (XLA, Neuron)."""
+        return self.device_type in ("xla", "neuron")
+
+    def compile_options(self) -> dict:
+        """torch.compile's arguments: dynamic shapes on CUDA/CPU (dynamic padding, one graph); Neuron's backend over
+        the fixed length buckets."""
+        return {"backend": "neuron", "dynamic": False} if self.device_type == "neuron" else {"dynamic": True}
+
     def autocast(self):
         return torch.autocast(self.device_type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
 
@@ -339,16 +374,41 @@ class Runtime:
         return t.cpu().numpy()
 
 
+def neuron_available() -> bool:
+    """Whether TorchNeuron's device "neuron" is this process's accelerator."""
+    accelerator = getattr(torch, "accelerator", None)
+    return bool(accelerator and accelerator.is_available() and accelerator.current_accelerator().type == "neuron")
+
+
+def device_type_for(backend: str, xla: bool, neuron: bool, cuda: bool) -> str:
+    """xla | neuron | cuda | cpu: where this run trains, from --backend and what this machine has."""
+    if backend == "native":
+        if not neuron:
+            raise ValueError("--backend native: no TorchNeuron device 'neuron' here (trn2/trn3 with an image that "
+                             "ships TorchNeuron)")
+        return "neuron"
+    return "xla" if xla else "cuda" if cuda else "cpu"
+
+
 def setup(args: argparse.Namespace) -> Runtime:
     """Pick the device, join the process group, and set the device's environment."""
     distributed = "RANK" in os.environ
-    if torch_xla is not None:
+    kind = device_type_for(args.backend, torch_xla is not None, args.backend == "native" and neuron_available(),
+                           torch.cuda.is_available())
+    if kind == "neuron":  # the CUDA path's loop on TorchNeuron: DDP through torch.distributed
+        device_type = "neuron"
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("neuron", local_rank)
+        torch.accelerator.set_device_index(local_rank)
+        if distributed:
+            dist.init_process_group(device_id=device)
+    elif kind == "xla":
         os.environ.update(neuron_environment(dict(os.environ), Path(args.checkpoint_dir)))
         device_type = "xla"
         if distributed:
             dist.init_process_group("xla", init_method="xla://")
         device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
-    elif torch.cuda.is_available():
+    elif kind == "cuda":
         device_type = "cuda"
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)
@@ -362,8 +422,8 @@ def setup(args: argparse.Namespace) -> Runtime:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         if distributed:
             dist.init_process_group("gloo")
-    bf16 = args.bf16.lower() == "true" or (args.bf16.lower() == "auto" and device_type in ("xla", "cuda"))
-    compiled = args.compile.lower() == "true" or (args.compile.lower() == "auto" and device_type == "cuda")
+    bf16 = args.bf16.lower() == "true" or (args.bf16.lower() == "auto" and device_type != "cpu")
+    compiled = args.compile.lower() == "true" or (args.compile.lower() == "auto" and device_type in ("cuda", "neuron"))
     if compiled and device_type == "xla":
         raise ValueError("--compile True: XLA compiles every graph already (torch.compile is for CUDA and CPU)")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -374,13 +434,19 @@ def setup(args: argparse.Namespace) -> Runtime:
 # model helpers
 
 
-def load_model(model_id: str, rt: Runtime) -> torch.nn.Module:
-    """The pretrained encoder with a fresh 2-label head; PyTorch's fused attention (SDPA) off XLA."""
+def load_model(model_id: str, rt: Runtime, seed: int) -> torch.nn.Module:
+    """The pretrained encoder with a fresh 2-label head drawn from `seed`, so every rank starts from the same
+    weights whatever its generator held (on XLA, with no DDP to broadcast them, rank 0's are broadcast as well);
+    PyTorch's fused attention (SDPA) off XLA."""
     attention = {"attn_implementation": "sdpa"} if rt.sdpa else {}
+    torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_pretrained(
         model_id, num_labels=2, id2label=ID2LABEL, label2id=LABEL2ID, **attention
     )
     model.config.problem_type = "single_label_classification"
+    model.to(rt.device)
+    if rt.xla and rt.distributed:
+        xm.broadcast_master_param(model)
     return model
 
 
@@ -427,6 +493,12 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
+def host_state(rt: Runtime, state: dict) -> dict:
+    """`state` (nested dicts and lists of tensors) with every tensor on the host: on XLA in one device-to-host
+    transfer of all tensors together (what xm.save does), not one per tensor; on the CPU the tensors themselves."""
+    return xm._maybe_convert_to_cpu(state) if rt.xla else to_cpu(state)
 
 
 def to_cpu(obj):
@@ -501,7 +573,7 @@ def load_latest_checkpoint(checkpoint_dir: Path) -> dict | None:
 
 def make_loader(rt: Runtime, split: TokenizedSplit, batches: list[np.ndarray], rows: int | None, workers: int):
     """A loader of collated batches (on the device for XLA) and the tokens of each batch."""
-    buckets = length_buckets(split.max_length) if rt.xla else None
+    buckets = length_buckets(split.max_length) if rt.fixed_shapes else None
     multiple = 16 if rt.device_type == "cuda" else 1  # bf16 tensor-core tiles and the attention kernels' alignment
     pads = [pad_length(int(split.lengths[b].max()), buckets, multiple) for b in batches]
     loader = torch.utils.data.DataLoader(
@@ -589,9 +661,23 @@ def micro_step(rt: Runtime, model: torch.nn.Module, batch: dict[str, torch.Tenso
     return loss.detach()
 
 
+def reduce_gradients(rt: Runtime, model: torch.nn.Module) -> None:
+    """XLA: average the gradients across ranks (what xm.optimizer_step does, split off to clip in between), in bf16
+    when bf16 is on: half the bytes of the fp32 all-reduce (about 220 MB instead of 440 MB per step for bert-base),
+    the gradients themselves staying fp32 for clipping and AdamW."""
+    if rt.world_size == 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    wire = [g.to(torch.bfloat16) for g in grads] if rt.bf16 else grads
+    xm.all_reduce(xm.REDUCE_SUM, wire, scale=1.0 / rt.world_size)
+    if rt.bf16:
+        for grad, reduced in zip(grads, wire, strict=True):
+            grad.copy_(reduced)
+
+
 def optimizer_step(rt: Runtime, model: torch.nn.Module, optimizer, scheduler, max_grad_norm: float) -> None:
     if rt.xla:
-        xm.reduce_gradients(optimizer)  # what xm.optimizer_step does, split to clip in between
+        reduce_gradients(rt, model)
     if max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
@@ -599,24 +685,31 @@ def optimizer_step(rt: Runtime, model: torch.nn.Module, optimizer, scheduler, ma
     optimizer.zero_grad(set_to_none=True)
 
 
-def read_out(rt: Runtime, loss_sum: torch.Tensor, stop_requested: bool) -> tuple[float, bool]:
-    """The loss summed over all ranks since the last read-out, and whether any rank was asked to stop: the one
-    host sync of the loop, every --log-interval steps."""
+def read_out(rt: Runtime, loss_sum: torch.Tensor, stop_requested: bool, checkpoint_due: bool
+             ) -> tuple[float, bool, bool]:
+    """The loss summed over all ranks since the last read-out, whether any rank was asked to stop and whether any
+    rank's checkpoint clock ran out (so that all ranks agree on both): the one host sync of the loop, every
+    --log-interval steps."""
     rt.mark_step()
-    stats = torch.stack([loss_sum, torch.tensor(float(stop_requested)).to(rt.device)])
+    flags = torch.tensor([float(stop_requested), float(checkpoint_due)]).to(rt.device)
+    stats = torch.cat([loss_sum.reshape(1), flags])
     if rt.distributed:
         dist.all_reduce(stats)
-    loss_total, stops = stats.cpu().tolist()
-    return loss_total, stops > 0
+    loss_total, stops, due = stats.cpu().tolist()
+    return loss_total, stops > 0, due > 0
 
 
 def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, optimizer, scheduler,
-               train: TokenizedSplit, scored: bool, buckets: list[int] | None, workers: int) -> dict:
-    """For neuron_parallel_compile: trace every graph of a real run once and train nothing that is kept. One
-    accumulation cycle per length bucket (the first again, whose first run initialised AdamW), the loss read-out,
-    and (`scored`: a validation or test split exists) the scoring graphs, on training rows; no checkpoint, no model
-    saved. The stats of the run."""
-    probes = precompile_probes(train, buckets, args.batch_size)
+               train: TokenizedSplit, scored: dict[str, TokenizedSplit], buckets: list[int] | None,
+               workers: int) -> dict:
+    """For neuron_parallel_compile: trace every graph of the real run once and keep nothing it trains: one
+    accumulation cycle per length bucket (see precompile_probes), the loss read-out, then for each split in `scored`
+    one evaluation batch per length bucket it fills, the bucket of this rank's first evaluation batch first (the
+    first batch's graph holds more than the forward pass) and again at the end (its plain graph), and the all-reduce
+    of its margins (the split's real size), and the token counts' all-reduce. No checkpoint, no model saved. The
+    stats of the run."""
+    first = train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size)[0]
+    probes = precompile_probes(train, buckets, args.batch_size, first)
     loader, _ = make_loader(rt, train, [p for p in probes for _ in range(args.grad_accum)], args.batch_size, workers)
     model.train()
     loss_sum, step = torch.zeros(()).to(rt.device), 0
@@ -629,11 +722,15 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
         optimizer_step(rt, model, optimizer, scheduler, args.max_grad_norm)
         step += 1
         if step % args.log_interval == 0 or step == len(probes):
-            read_out(rt, loss_sum, False)
+            read_out(rt, loss_sum, False, False)
             loss_sum = torch.zeros(()).to(rt.device)
-    if scored:
-        score(rt, model, train, probes[:-1], args.batch_size if rt.xla else None, workers)
-    rt.log(f"precompile: traced {step} optimizer steps over {len(probes) - 1} length bucket(s)")
+    for split in scored.values():
+        own = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
+        probes = bucket_probes(split, buckets, args.batch_size, own[0] if own else None)
+        score(rt, model, split, probes + probes[:1], args.batch_size if rt.xla else None, workers)
+    rt.all_reduce_sum(np.zeros(2))
+    rt.log(f"precompile: traced {step} optimizer steps over {len(probes) - 1} length bucket(s) and "
+           f"{', '.join(scored) or 'no'} evaluation")
     return {
         "device": rt.device_type,
         "world_size": rt.world_size,
@@ -732,7 +829,7 @@ def main(argv: list[str] | None = None) -> None:
     # data
     train = TokenizedSplit(args.train_dir, args.max_length)
     validation, test = load_split(args.validation_dir, args.max_length), load_split(args.test_dir, args.max_length)
-    buckets = length_buckets(args.max_length) if rt.xla else None
+    buckets = length_buckets(args.max_length) if rt.fixed_shapes else None
     workers = args.num_workers if args.num_workers >= 0 else (0 if rt.device_type == "cpu" else 2)
     micro_per_epoch = len(train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size))
     steps_per_epoch = micro_per_epoch // args.grad_accum
@@ -745,18 +842,17 @@ def main(argv: list[str] | None = None) -> None:
     warmup_steps = int(args.warmup_ratio * total_steps)
 
     # model, optimizer, schedule
-    model = load_model(args.model_id, rt)
-    model.to(rt.device)
+    model = load_model(args.model_id, rt, args.seed)
     raw_model = model
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.learning_rate, **({} if rt.xla else {"fused": True}),
+        lr=args.learning_rate, **({"fused": True} if rt.device_type in ("cpu", "cuda") else {}),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
     if args.precompile:
-        scored = validation is not None or test is not None
+        scored = {name: split for name, split in (("val", validation), ("test", test)) if split is not None}
         write_stats(rt, args.output_data_dir, precompile(args, rt, model, optimizer, scheduler, train, scored,
                                                          buckets, workers))
         rt.close()
@@ -779,23 +875,22 @@ def main(argv: list[str] | None = None) -> None:
     ddp = not rt.xla and rt.world_size > 1
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None
+            model, device_ids=[rt.device.index] if rt.device_type in ("cuda", "neuron") else None
         )
     if rt.compile:
-        model = torch.compile(model, dynamic=True)
+        model = torch.compile(model, **rt.compile_options())
+
+    last_checkpoint = time.monotonic()
 
     def checkpoint() -> None:
+        nonlocal last_checkpoint
         rt.mark_step()
         if rt.master:
-            state = {
-                "model": to_cpu(raw_model.state_dict()),
-                "optimizer": to_cpu(optimizer.state_dict()),
-                "scheduler": scheduler.state_dict(),
-                "step": step,
-                "world_size": rt.world_size,
-            }
+            state = host_state(rt, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()})
+            state.update(scheduler=scheduler.state_dict(), step=step, world_size=rt.world_size)
             rt.log(f"saved checkpoint {save_checkpoint(checkpoint_dir, step, state)} at step={step}")
         rt.barrier("checkpoint")
+        last_checkpoint = time.monotonic()
 
     # training loop
     rt.log(f"steps_per_epoch={steps_per_epoch} total_steps={total_steps} warmup_steps={warmup_steps}")
@@ -803,7 +898,7 @@ def main(argv: list[str] | None = None) -> None:
     loss_sum = torch.zeros(()).to(rt.device)
     interval_steps = 0
     real_tokens = padded_tokens = 0
-    last_loss, stopping = None, False
+    last_loss, stopping, checkpoint_due = None, False, False
     compiles_per_epoch, intervals = [], []  # intervals: each log read-out's step, loss and samples/s
     throughput = Throughput(raw_model.config, rt.world_size)
     while step < total_steps:
@@ -826,8 +921,10 @@ def main(argv: list[str] | None = None) -> None:
             interval_steps += 1
 
             if step % args.log_interval == 0 or step == total_steps:
-                # the stop flag is agreed by all ranks, unlike the local one the signal handler sets
-                loss_total, stopping = read_out(rt, loss_sum, stop["requested"])
+                # the stop flag and the checkpoint clock are agreed by all ranks, unlike the local ones
+                minutes = (time.monotonic() - last_checkpoint) / 60
+                clock = 0 < args.checkpoint_minutes <= minutes
+                loss_total, stopping, checkpoint_due = read_out(rt, loss_sum, stop["requested"], clock)
                 last_loss = loss_total / (interval_steps * args.grad_accum * rt.world_size)
                 rate = throughput.interval()
                 intervals.append({"step": step, "loss": last_loss, "samples_per_sec": rate})
@@ -837,8 +934,9 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 loss_sum = torch.zeros(()).to(rt.device)
                 interval_steps = 0
-            if stopping or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0):
+            if stopping or checkpoint_due or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0):
                 checkpoint()
+                checkpoint_due = False
             if stopping:
                 rt.log(f"stopping on SIGTERM at step={step}")
                 sys.exit(143)
@@ -849,7 +947,7 @@ def main(argv: list[str] | None = None) -> None:
     throughput.interval()  # steps after the last read-out (a stop at the step limit reads out, so none)
 
     # scoring: validation and test, every rank its share
-    rows = args.batch_size if rt.xla else None
+    rows = args.batch_size if rt.fixed_shapes else None
     accuracy: dict[str, float | None] = {"val": None, "test": None}
     margins: dict[str, np.ndarray] = {}
     for name, split in (("val", validation), ("test", test)):
