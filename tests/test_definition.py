@@ -321,7 +321,7 @@ def project_copy(tmp_path_factory) -> Path:
     ("steps/deploy/handler.py", set()),  # the Lambda's code is in no job: nothing re-runs
     ("steps/deploy/lifecycle.py", set()),
     ("steps/run.py", {"Tokenize", "Evaluate"}),  # the processing steps' entry point
-    ("training/train.py", {"Train", "AccuracyGate", "RegisterModel"}),  # the version records the code's hash
+    ("training/train.py", {"Precompile", "Train", "AccuracyGate", "RegisterModel"}),  # the version records its hash
 ])
 def test_an_edit_changes_the_code_location_of_its_own_step_only(text, project_copy, monkeypatch, edited, changed):
     """SageMaker's cache key of a step holds its code location: an edit to one deployable must re-run its step alone
