@@ -71,7 +71,7 @@ def test_unpadded_batch_without_a_mask_gives_the_same_logits(train, tmp_path):
     """SDPA with no mask (its flash path on CUDA) for a batch the host knows has no padding: same logits."""
     model_dir = make_tiny_model(tmp_path / "model")
     rt = train.Runtime(torch.device("cpu"), "cpu", 0, 1, distributed=False, bf16=False, compile=False)
-    model = train.load_model(str(model_dir), rt).eval()
+    model = train.load_model(str(model_dir), rt, seed=0).eval()
     assert model.config._attn_implementation == "sdpa"
     batch = {"input_ids": torch.randint(5, 100, (4, 12)), "token_type_ids": torch.zeros(4, 12, dtype=torch.long),
              "attention_mask": torch.ones(4, 12, dtype=torch.long)}
