@@ -2,17 +2,22 @@
 a mask, and the per-device batch and learning rate the config chooses."""
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from fixtures_train import make_tiny_model
+from fixtures_train import make_tiny_model, write_split
 
 from pipeline.config import load_config
 from pipeline.cost import merge_stats
 from pipeline.devices import REFERENCE_GLOBAL_BATCH, REFERENCE_LEARNING_RATE, default_batch_size, device_kind
 
 ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "training" / "train.py"
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +90,37 @@ def test_unpadded_batch_without_a_mask_gives_the_same_logits(train, tmp_path):
 def test_compile_is_refused_on_xla_and_on_by_default_only_for_cuda(train):
     assert train.parse_args([]).compile == "auto"
     assert not train.setup(train.parse_args(["--bf16", "false"])).compile  # CPU here: auto is off
+
+
+def test_compiled_loop_takes_one_graph_for_every_length_and_caches_it_beside_the_checkpoints(train, tmp_path):
+    """`--compile True` on CPU, the Inductor path CUDA takes (less Triton): batches of many padded lengths cost one
+    graph, and one more for an unpadded batch's mask-free call, not one per length; training_stats.json counts the
+    graphs and the seconds spent compiling them, and the compiled graphs are cached in the checkpoint folder."""
+    model = make_tiny_model(tmp_path / "model")
+    write_split(tmp_path / "train", model, rows=128, seed=1, max_length=64, max_words=30)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", str(TRAIN),
+           "--model-id", str(model), "--train-dir", str(tmp_path / "train"), "--validation-dir", str(out / "none"),
+           "--test-dir", str(out / "none"), "--model-dir", str(out / "model"),
+           "--output-data-dir", str(out / "output"), "--checkpoint-dir", str(out / "checkpoints"),
+           "--compile", "True", "--batch-size", "8", "--max-steps", "12", "--log-interval", "4",
+           "--checkpoint-interval", "0", "--max-length", "64"]
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run(cmd, env={**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    stats = json.loads((out / "output" / "training_stats.json").read_text())
+    split = train.TokenizedSplit(str(tmp_path / "train"), 64)
+    lengths = {int(split.lengths[b].max()) for b in train.train_batches(split.lengths, 8, 42, 0, 0, 1)[:12]}
+    assert len(lengths) >= 4 and stats["steps"] == 12
+    assert 1 <= stats["compile_count"] <= 2, stats
+    assert 0 < stats["compile_s"] < stats["wall_time_s"]
+    assert any(p.is_file() for p in (out / "checkpoints" / "inductor-cache").rglob("*"))
+
+
+def test_inductor_cache_goes_beside_the_checkpoints_unless_the_job_sets_one(train, tmp_path):
+    assert train.inductor_environment({}, tmp_path) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
+    assert train.inductor_environment({"TORCHINDUCTOR_CACHE_DIR": "/cache"}, tmp_path) == {}
 
 
 @pytest.mark.parametrize(("instance_type", "kind", "batch"), [

@@ -306,6 +306,15 @@ def neuron_environment(environ: dict[str, str], checkpoint_dir: Path) -> dict[st
     return {k: v for k, v in wanted.items() if k == "NEURON_CC_FLAGS" or k not in environ}
 
 
+def inductor_environment(environ: dict[str, str], checkpoint_dir: Path) -> dict[str, str]:
+    """torch.compile's cache (Inductor's FX graphs, AOTAutograd's and Triton's kernels) in the checkpoint folder,
+    which SageMaker keeps in S3: a job restarted after a spot reclaim, or a retried Train step, loads its compiled
+    graphs instead of compiling them again. A TORCHINDUCTOR_CACHE_DIR the job sets is left alone."""
+    if "TORCHINDUCTOR_CACHE_DIR" in environ:
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(checkpoint_dir / "inductor-cache")}
+
+
 @dataclass
 class Runtime:
     """Where this process runs: device, rank, world size, precision, and the few calls that differ by device."""
@@ -426,6 +435,8 @@ def setup(args: argparse.Namespace) -> Runtime:
     compiled = args.compile.lower() == "true" or (args.compile.lower() == "auto" and device_type in ("cuda", "neuron"))
     if compiled and device_type == "xla":
         raise ValueError("--compile True: XLA compiles every graph already (torch.compile is for CUDA and CPU)")
+    if compiled and device_type in ("cuda", "cpu"):
+        os.environ.update(inductor_environment(dict(os.environ), Path(args.checkpoint_dir)))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     return Runtime(device, device_type, rank, world, distributed, bf16, compiled)
 
@@ -793,6 +804,21 @@ class Throughput:
         }
 
 
+def compile_figures(rt: Runtime) -> dict[str, float | None]:
+    """The graphs this process compiled and the seconds it spent compiling them: XLA's metrics, or torch.compile's
+    (Dynamo's graph count and its compile wall time, backward graphs included); None without a compiler."""
+    if rt.xla:
+        count, nanoseconds = met.metric_data("CompileTime")[:2]
+        return {"compile_count": count, "compile_s": nanoseconds / 1e9}
+    if rt.compile:
+        from torch._dynamo.utils import calculate_time_spent, counters
+
+        spent = calculate_time_spent()
+        return {"compile_count": counters["stats"]["unique_graphs"],
+                "compile_s": spent.get("total_wall_time", spent.get("entire_frame_compile", 0.0))}
+    return {"compile_count": None, "compile_s": None}
+
+
 def write_stats(rt: Runtime, output_data_dir: str, stats: dict) -> None:
     if rt.master:
         Path(output_data_dir).mkdir(parents=True, exist_ok=True)
@@ -977,8 +1003,7 @@ def main(argv: list[str] | None = None) -> None:
         "val_accuracy": accuracy["val"],
         "test_accuracy": accuracy["test"],
         "test_rows": len(test) if test is not None else None,
-        "compile_count": met.metric_data("CompileTime")[0] if rt.xla else None,
-        "compile_s": met.metric_data("CompileTime")[1] / 1e9 if rt.xla else None,
+        **compile_figures(rt),
         "compile_count_per_epoch": compiles_per_epoch if rt.xla else None,
         "length_buckets": buckets,
         "intervals": intervals,
