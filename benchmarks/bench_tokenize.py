@@ -27,8 +27,6 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def write_sample(pre, folder: Path, rows: int, seed: int, fmt: str) -> list:  # noqa: ANN001
     """The sample source as files of the format; returns the tokenizer inputs in the order preprocess sees them."""

@@ -16,7 +16,7 @@ train.py's compile seconds from its training_stats.json too), model TFLOP/s and 
 ratio to the strongest peer at the same batch.
 
 MFU counts each row's real length: training FLOPs per row = 3 x forward = L(72h^2 s + 12 h s^2) for bert-base at
-length s (train.py's MODEL_FLOPS: 24h^2 + 12hi per layer and token, i the feed-forward width), over the device's
+length s (train.py's model_flops: 24h^2 + 12hi per layer and token, i the feed-forward width), over the device's
 stated dense bf16 peak (PEAK_TFLOPS; none on CPU). Padding the peer computes is not counted for it.
 
     python benchmarks/bench_train_peer.py [--model bert-base] [--batch-sizes 64 256] [--steps 300]

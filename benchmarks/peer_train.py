@@ -4,13 +4,12 @@ Hugging Face BERT with SDPA attention, bf16 autocast (CUDA), AdamW(fused=True), 
 schedule like train.py, optionally torch.compile; the whole data set on the device, every row padded to the
 maximum length. Prints one JSON line: steady-state samples/s (the log intervals after the first), the seconds the
 first interval took beyond that rate (compile and warm-up), model TFLOP/s counted from each row's real length
-(train.py's MODEL_FLOPS) and peak device memory.
+(train.py's Throughput and model_flops, as for train.py) and peak device memory.
 """
 
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from train import model_flops  # noqa: E402  (the FLOPs formula both contenders are counted with)
+from train import BatchTokens, Throughput  # noqa: E402  (both contenders are measured by the same code)
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--model", required=True)
@@ -54,7 +53,7 @@ schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / args.s
 step_model = torch.compile(model) if args.compile else model
 order = torch.randperm(len(rows) // args.batch_size * args.batch_size, device=device).view(-1, args.batch_size)
 order_host = order.cpu().numpy()
-intervals, start, flops = [], time.perf_counter(), 0.0
+throughput = Throughput(model.config, world_size=1)
 for step in range(args.steps):
     ids, tts, mask, y = (t[order[step % len(order)]] for t in data)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -65,20 +64,14 @@ for step in range(args.steps):
     optimizer.step()
     schedule.step()
     optimizer.zero_grad(set_to_none=True)
-    real = lengths[order_host[step % len(order)]]
-    flops += model_flops(model.config, real.sum(), (real.astype(np.int64) ** 2).sum())
+    throughput.add(args.batch_size, BatchTokens.of(lengths[order_host[step % len(order)]], args.max_length))
     if (step + 1) % args.log_interval == 0:
         loss.item()  # the host sync that closes the interval
-        now = time.perf_counter()
-        intervals.append((args.log_interval * args.batch_size, flops, now - start))
-        start, flops = now, 0.0
-steady = intervals[1:] or intervals
-rate = sum(i[0] for i in steady) / sum(i[2] for i in steady)
+        throughput.interval()
+stats = throughput.stats()
 print(json.dumps({
-    "samples_per_sec": rate,
-    "warmup_s": max(0.0, intervals[0][2] - intervals[0][0] / rate) if len(intervals) > 1 else None,
-    "model_tflops_per_sec": sum(i[1] for i in steady) / sum(i[2] for i in steady) / 1e12,
+    **{k: stats[k] for k in ("samples_per_sec", "warmup_s", "model_tflops_per_sec")},
     "peak_device_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else None,
-    "padding_efficiency": float(lengths.clip(max=args.max_length).mean() / args.max_length),
+    "padding_efficiency": float(lengths.mean() / args.max_length),
     "device": device.type,
 }))

@@ -38,6 +38,7 @@ app.command(rich_help_panel=ACCOUNT)(compare)
 
 EXECUTION = Annotated[str | None, typer.Argument(help="Execution id or ARN (default: latest).")]
 PARAMS = Annotated[list[str] | None, typer.Option("--param", "-p", help="Pipeline parameter NAME=VALUE (repeatable).")]
+LIMIT = Annotated[int, typer.Option(help="How many, newest first.")]
 
 
 @app.callback()
@@ -121,7 +122,7 @@ def status(ctx: typer.Context, execution: EXECUTION = None, local: LOCAL = False
 @app.command("executions", rich_help_panel=EXECUTIONS)
 def list_executions(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
+    limit: LIMIT = 20,
     local: LOCAL = False,
     root: ROOT = None,
 ) -> None:
@@ -133,7 +134,7 @@ def list_executions(
 @app.command(rich_help_panel=EXECUTIONS)
 def runs(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
+    limit: LIMIT = 20,
     local: LOCAL = False,
     root: ROOT = None,
 ) -> None:
@@ -152,7 +153,8 @@ def serve(
     ctx: typer.Context,
     version: Annotated[int | None, typer.Option(help="Model version (default: latest Approved).")] = None,
     port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default local.port).")] = None,
-    stop: Annotated[bool, typer.Option("--stop", help="Stop the endpoint left running by run --local.")] = False,
+    stop: Annotated[bool, typer.Option(
+        "--stop", help="Stop the local endpoints (staging and production) left running by run --local.")] = False,
     root: ROOT = None,
 ) -> None:
     """Serve a local model version on 127.0.0.1 in the foreground (Ctrl-C stops), or --stop the background one."""

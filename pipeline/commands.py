@@ -124,8 +124,8 @@ def bootstrap(
     = False,
     force: Annotated[bool, typer.Option("--force", help="With --delete: delete every object version first.")] = False,
 ) -> None:
-    """Create or update the account's bucket, roles and model package group (infra/template.yaml), then write
-    their names into the config (or print them as --set options). A second run changes nothing."""
+    """Create or update the account's bucket, roles, model package group and alerts topic (infra/template.yaml),
+    then write their names into the config (or print them as --set options). A second run changes nothing."""
     from pipeline import config_file
     from pipeline.sagemaker import bootstrap as infra
 

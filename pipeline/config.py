@@ -137,6 +137,7 @@ LOCAL_OVERRIDES: dict[str, Any] = {
         "batch_size": 16,
         "learning_rate": 1.0e-4,
         "log_interval": 10,
+        "compile_ahead": False,  # neuron_parallel_compile is a Neuron tool: nothing to compile ahead on a laptop
     },
     "evaluation": {"accuracy_threshold": 0.7, "int8_tolerance": 0.03},
     "registry": {"approval_status": "Approved"},

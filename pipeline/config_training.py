@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.config_backend import NeuronBackend
 from pipeline.config_base import INSTANCE_TYPE, S3_URI, Section
-from pipeline.devices import DEVICES, default_batch_size, scaled_learning_rate
+from pipeline.devices import default_batch_size, global_batch_size, scaled_learning_rate
 
 AUTO = "auto"
 PACKAGE = "package:"  # training.model_id "package:NAME": the model folder that the Python package NAME ships
@@ -58,9 +58,9 @@ class Training(NeuronBackend):
             data["batch_size"] = default_batch_size(data["instance_type"])
         if data.get("learning_rate", AUTO) == AUTO and isinstance(data["batch_size"], int):
             count, accum = data.get("instance_count", 1), data.get("grad_accum", 1)
-            world = DEVICES.get(data["instance_type"], 1) * (count if isinstance(count, int) else 1)
-            global_batch = world * data["batch_size"] * (accum if isinstance(accum, int) else 1)
-            data["learning_rate"] = scaled_learning_rate(global_batch)
+            data["learning_rate"] = scaled_learning_rate(global_batch_size(
+                data["instance_type"], count if isinstance(count, int) else 1, data["batch_size"],
+                accum if isinstance(accum, int) else 1))
         return data
 
     @field_validator("model_id")

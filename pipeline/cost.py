@@ -28,7 +28,7 @@ class TrainingStats:
     samples_per_sec: float | None = None  # steady state (after the first log interval)
     samples_per_sec_with_warmup: float | None = None  # the whole training loop
     warmup_s: float | None = None  # what the warm-up (compilation included) took beyond the steady rate
-    compile_s: float | None = None  # compile time the device reported (XLA)
+    compile_s: float | None = None  # compile time the run reported (XLA or torch.compile)
     final_loss: float | None = None
     val_accuracy: float | None = None
     test_accuracy: float | None = None

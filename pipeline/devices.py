@@ -53,6 +53,11 @@ def default_batch_size(instance_type: str) -> int:
     return DEVICE_BATCH_SIZE[device_kind(instance_type)]
 
 
+def global_batch_size(instance_type: str, instance_count: int, batch_size: int, grad_accum: int) -> int:
+    """Samples per optimizer step: devices x per-device batch x accumulation (an unknown type counts one device)."""
+    return DEVICES.get(instance_type, 1) * instance_count * batch_size * grad_accum
+
+
 def scaled_learning_rate(global_batch: int) -> float:
     """The learning rate `training.learning_rate: auto` stands for at this global batch (square-root rule)."""
     return REFERENCE_LEARNING_RATE * math.sqrt(global_batch / REFERENCE_GLOBAL_BATCH)

@@ -106,5 +106,6 @@ MODEL_PACKAGE_EVENT = "SageMaker Model Package State Change"
 
 # The endpoint
 MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time inference's request limit
+VARIANT_ATTRIBUTE = "inference-variant"  # in an answer's CustomAttributes: the variant that served it
 CONTENT_TYPES = ("application/json", "text/csv", "text/plain")
 RESPONSE_TYPES = ("application/json", "application/jsonlines")

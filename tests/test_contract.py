@@ -20,6 +20,7 @@ COPIES = [  # (script, its constant, the contract's value): training/ runs from 
     ("training/train.py", "STATS_FILE", contract.STATS_FILE),
     ("training/train.py", "PREDICTIONS_FILE", contract.PREDICTIONS_FILE),
     ("training/inference.py", "MAX_PAYLOAD_BYTES", contract.MAX_PAYLOAD_BYTES),
+    ("training/inference.py", "VARIANT_ATTRIBUTE", contract.VARIANT_ATTRIBUTE),
     ("training/tracking.py", "TRACKING_URI_ENV", contract.TRACKING_URI_ENV),
     ("training/tracking.py", "EXPERIMENT_ENV", contract.EXPERIMENT_ENV),
     ("training/tracking.py", "EXECUTION_ENV", contract.EXECUTION_ENV),

@@ -129,6 +129,17 @@ def test_a_closed_port_is_one_warning_and_the_step_goes_on(capsys):
     assert "experiment tracking off for step Train: URLError" in warning and "files keep its metrics" in warning
 
 
+@pytest.mark.parametrize(("uri", "timeout", "error"), [("arn:aws:sagemaker", "5", "IndexError"),
+                                                     ("http://127.0.0.1:9", "soon", "ValueError")])
+def test_a_malformed_uri_or_timeout_is_one_warning_and_the_step_goes_on(uri, timeout, error, capsys):
+    tracker = tracking.Tracker("Train", env(uri, TRACKING_TIMEOUT_S=timeout))
+    tracker.log(metrics={"a": 1.0})
+    tracker.finish()
+    assert not tracker.enabled and tracker.run_id is None
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert f"experiment tracking off for step Train: {error}" in warning
+
+
 def test_nothing_is_tracked_without_an_execution_or_a_uri(capsys):
     assert not tracking.Tracker("Train", {contract.EXECUTION_ENV: "x"}).enabled
     assert not tracking.Tracker("Train", {contract.TRACKING_URI_ENV: "http://127.0.0.1:9"}).enabled

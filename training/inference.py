@@ -38,6 +38,7 @@ import numpy as np
 
 LOG = logging.getLogger(__name__)
 MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time inference's request limit
+VARIANT_ATTRIBUTE = "inference-variant"  # in an answer's CustomAttributes: the variant that served it
 LABELS = ("negative", "positive")
 JSON, JSONLINES, CSV, TEXT = "application/json", "application/jsonlines", "text/csv", "text/plain"
 CHARS_PER_TOKEN_CUT = 32  # texts longer than max_length * this many characters are cut between words first
@@ -381,11 +382,11 @@ def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Tex
 
 def predict_fn(data: list[Text], model: Classifier, context: Any = None) -> list[dict[str, Any]]:
     """One {"label", "score"} (and "truncated": true when cut) per text, in order; over INFERENCE_MAX_TEXTS: 413.
-    The model server's `context` gets the variant: InvokeEndpoint's CustomAttributes `inference-variant=<variant>`."""
+    The model server's `context` gets the variant: the response's CustomAttributes `inference-variant=<variant>`."""
     if len(data) > model.max_texts:
         raise InferenceError(413, "TooManyTexts", f"{len(data)} texts in one request, the limit is {model.max_texts}")
     if context is not None:
-        context.set_response_header(0, "X-Amzn-SageMaker-Custom-Attributes", f"inference-variant={model.variant}")
+        context.set_response_header(0, "X-Amzn-SageMaker-Custom-Attributes", f"{VARIANT_ATTRIBUTE}={model.variant}")
     return model(data)
 
 

@@ -187,6 +187,8 @@ class Tracker:
             self.store = open_store(self.uri, float(env.get("TRACKING_TIMEOUT_S") or DEFAULT_TIMEOUT_S))
         except ImportError:
             self._off("the mlflow library is not installed (a local store needs it)")
+        except Exception as e:  # a malformed URI or timeout: tracking never fails a step
+            self._off(f"{type(e).__name__}: {str(e)[:200]}")
 
     @property
     def enabled(self) -> bool:

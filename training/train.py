@@ -33,7 +33,7 @@ checkpoint the script exits with 143.
 
 Timing. The first --log-interval steps are the warm-up (compilation, allocator and data-loader start); the
 stats report the steady-state rate of the later intervals and the seconds the warm-up took beyond that rate
-separately, plus the model FLOP rate counted from each row's real length (MODEL_FLOPS below).
+separately, plus the model FLOP rate counted from each row's real length (model_flops below).
 
 Scoring. At the end, every rank scores its share of the validation and test splits; the per-row margins
 (logit positive - logit negative) are summed across ranks, so rank 0 holds the whole split. The test split's
@@ -130,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "interval); 0 disables")
     p.add_argument("--bf16", default="auto", choices=["True", "False", "auto", "true", "false"])
     p.add_argument("--compile", default="auto", choices=["True", "False", "auto", "true", "false"],
-                   help="torch.compile the model; auto: on CUDA")
+                   help="torch.compile the model; auto: on CUDA and TorchNeuron")
     p.add_argument("--precompile", type=str2bool, default=False)
     p.add_argument("--backend", default="xla", choices=["xla", "native"],
                    help="xla: PyTorch/XLA when torch_xla imports (else CUDA, else CPU); native: TorchNeuron's "
@@ -263,21 +263,16 @@ def eval_batches(lengths: np.ndarray, batch_size: int, rank: int, world_size: in
 
 def bucket_probes(split: TokenizedSplit, buckets: list[int] | None, batch_size: int,
                   first: np.ndarray | None = None) -> list[np.ndarray]:
-    """One batch of `split` per length bucket it fills, the bucket of batch `first` (the run's first) first."""
+    """For neuron_parallel_compile: one batch of `split` per length bucket it fills, starting with the bucket of
+    batch `first` (this rank's first real batch: in training the step that also creates AdamW's state, in scoring
+    the batch whose graph holds more than the forward pass), then that bucket again (its steady-state graph), so
+    every graph of the real run is traced once. The same number of batches on every rank."""
     bucket_ids = np.searchsorted(buckets, split.lengths) if buckets else np.zeros(len(split), np.int64)
     order = list(np.unique(bucket_ids))
     if first is not None:
         lead = bucket_ids[first].max()
         order = [lead] + [b for b in order if b != lead]
-    return [np.resize(np.flatnonzero(bucket_ids == b), batch_size) for b in order]
-
-
-def precompile_probes(split: TokenizedSplit, buckets: list[int] | None, batch_size: int,
-                      first: np.ndarray) -> list[np.ndarray]:
-    """For neuron_parallel_compile: one training batch per length bucket, starting with the bucket of this rank's
-    first real batch (the step that also creates AdamW's state), then that bucket again (its steady-state step), so
-    every training graph of the real run is traced once. The same number of steps on every rank."""
-    probes = bucket_probes(split, buckets, batch_size, first)
+    probes = [np.resize(np.flatnonzero(bucket_ids == b), batch_size) for b in order]
     return probes + probes[:1]
 
 
@@ -434,7 +429,8 @@ def setup(args: argparse.Namespace) -> Runtime:
     bf16 = args.bf16.lower() == "true" or (args.bf16.lower() == "auto" and device_type != "cpu")
     compiled = args.compile.lower() == "true" or (args.compile.lower() == "auto" and device_type in ("cuda", "neuron"))
     if compiled and device_type == "xla":
-        raise ValueError("--compile True: XLA compiles every graph already (torch.compile is for CUDA and CPU)")
+        raise ValueError("--compile True: XLA compiles every graph already "
+                         "(torch.compile is for CUDA, CPU and TorchNeuron)")
     if compiled and device_type in ("cuda", "cpu"):
         os.environ.update(inductor_environment(dict(os.environ), Path(args.checkpoint_dir)))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -480,7 +476,7 @@ def forward(rt: Runtime, model: torch.nn.Module, batch: dict[str, torch.Tensor],
 @dataclass(frozen=True)
 class BatchTokens:
     """What a batch holds, from the host's lengths: real tokens, padded tokens, and the sum of squared lengths
-    (the attention term of MODEL_FLOPS)."""
+    (the attention term of model_flops)."""
 
     real: int
     padded: int
@@ -492,7 +488,7 @@ class BatchTokens:
 
 
 def model_flops(config, real_tokens: float, squares: float) -> float:
-    """MODEL_FLOPS: training FLOPs (forward + backward = 3x forward) of rows with these token counts, from the
+    """Training FLOPs (forward + backward = 3x forward) of rows with these token counts, from the
     encoder's matmuls: per layer and token 24h^2 + 12hi (projections and feed-forward; 72h^2 for bert-base, i=4h),
     plus 12h per token per row length (attention scores and values). bert-base at length s: 72Lh^2s + 12Lhs^2."""
     layers, h, i = config.num_hidden_layers, config.hidden_size, config.intermediate_size
@@ -714,13 +710,13 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
                train: TokenizedSplit, scored: dict[str, TokenizedSplit], buckets: list[int] | None,
                workers: int) -> dict:
     """For neuron_parallel_compile: trace every graph of the real run once and keep nothing it trains: one
-    accumulation cycle per length bucket (see precompile_probes), the loss read-out, then for each split in `scored`
+    accumulation cycle per length bucket (see bucket_probes), the loss read-out, then for each split in `scored`
     one evaluation batch per length bucket it fills, the bucket of this rank's first evaluation batch first (the
     first batch's graph holds more than the forward pass) and again at the end (its plain graph), and the all-reduce
     of its margins (the split's real size), and the token counts' all-reduce. No checkpoint, no model saved. The
     stats of the run."""
     first = train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size)[0]
-    probes = precompile_probes(train, buckets, args.batch_size, first)
+    probes = bucket_probes(train, buckets, args.batch_size, first)
     loader, _ = make_loader(rt, train, [p for p in probes for _ in range(args.grad_accum)], args.batch_size, workers)
     model.train()
     loss_sum, step = torch.zeros(()).to(rt.device), 0
@@ -737,8 +733,8 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
             loss_sum = torch.zeros(()).to(rt.device)
     for split in scored.values():
         own = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
-        probes = bucket_probes(split, buckets, args.batch_size, own[0] if own else None)
-        score(rt, model, split, probes + probes[:1], args.batch_size if rt.xla else None, workers)
+        score(rt, model, split, bucket_probes(split, buckets, args.batch_size, own[0] if own else None),
+              args.batch_size if rt.fixed_shapes else None, workers)
     rt.all_reduce_sum(np.zeros(2))
     rt.log(f"precompile: traced {step} optimizer steps over {len(probes) - 1} length bucket(s) and "
            f"{', '.join(scored) or 'no'} evaluation")
@@ -748,7 +744,7 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
         "bf16": rt.bf16,
         "precompile": True,
         "steps": step,
-        "compile_count": met.metric_data("CompileTime")[0] if rt.xla else None,
+        **compile_figures(rt),
         "length_buckets": buckets,
     }
 
@@ -760,7 +756,7 @@ class Throughput:
     def __init__(self, config, world_size: int):
         self.config, self.world_size = config, world_size
         self.intervals: list[tuple[int, float, float]] = []  # (samples, FLOPs, seconds)
-        self.samples = self.flops = 0
+        self.samples = 0
         self.start = self.interval_start = time.time()
         self.interval_samples, self.interval_flops = 0, 0.0
 
@@ -775,7 +771,6 @@ class Throughput:
         if samples:
             self.intervals.append((samples, self.interval_flops, seconds))
             self.samples += samples
-            self.flops += self.interval_flops
         self.interval_start, self.interval_samples, self.interval_flops = now, 0, 0.0
         return samples / seconds if seconds > 0 else 0.0
 
@@ -826,12 +821,11 @@ def write_stats(rt: Runtime, output_data_dir: str, stats: dict) -> None:
         rt.log(f"training_stats={json.dumps(stats)}")
 
 
-def track(args: argparse.Namespace, rt: Runtime, stats_file: Path) -> None:
-    """The run's parameters, loss and throughput per log interval and final metrics, as training_stats.json holds
-    them, to the execution's MLflow run (best effort: see tracking.py)."""
+def track(args: argparse.Namespace, rt: Runtime, stats: dict) -> None:
+    """The run's parameters, loss and throughput per log interval and final metrics (training_stats.json's) to the
+    execution's MLflow run (best effort: see tracking.py)."""
     import tracking  # beside this script, which torchrun runs from its folder
 
-    stats = json.loads(stats_file.read_text())
     params = {k: v for k, v in vars(args).items() if not k.endswith("_dir")}
     tracking.Tracker("Train").log(
         metrics={k: stats.get(k) for k in TRACKED_STATS},
@@ -986,7 +980,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # artifacts
     real_tokens, padded_tokens = rt.all_reduce_sum(np.array([real_tokens, padded_tokens], np.float64)).tolist()
-    write_stats(rt, args.output_data_dir, {
+    stats = {
         "device": rt.device_type,
         "world_size": rt.world_size,
         "bf16": rt.bf16,
@@ -1007,13 +1001,14 @@ def main(argv: list[str] | None = None) -> None:
         "compile_count_per_epoch": compiles_per_epoch if rt.xla else None,
         "length_buckets": buckets,
         "intervals": intervals,
-    })
+    }
+    write_stats(rt, args.output_data_dir, stats)
     if rt.master:
-        track(args, rt, Path(args.output_data_dir) / STATS_FILE)
         save_model(raw_model.to("cpu"), args.model_id, Path(args.model_dir), args.max_length)
         if "test" in margins:
             write_predictions(Path(args.model_dir) / PREDICTIONS_FILE, test, margins["test"])
         rt.log(f"saved model to {args.model_dir}")
+        track(args, rt, stats)
     rt.close()
 
 

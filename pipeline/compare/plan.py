@@ -19,7 +19,7 @@ from pipeline.dag.graph import step_references
 from pipeline.dag.parameters import resolve
 from pipeline.dag.requests import RequestError, validate
 from pipeline.dag.requests import resolve as resolve_request
-from pipeline.devices import DEVICES
+from pipeline.devices import DEVICES, device_kind, global_batch_size
 from pipeline.errors import UserError
 from steps.contract import SPLITS, TRAIN
 
@@ -53,14 +53,10 @@ def check_instance_types(instance_types: list[str]) -> None:
         devices(instance_type)
 
 
-def is_trainium(instance_type: str) -> bool:
-    return instance_type.startswith("ml.trn")
-
-
 def image_for(cfg: Config, instance_type: str) -> str:
     """The Neuron DLC (images.training) for trn*, the GPU DLC (images.training_cuda) for p*/g*."""
     devices(instance_type)
-    return cfg.image("training") if is_trainium(instance_type) else cfg.image("training_cuda")
+    return cfg.image("training") if device_kind(instance_type) == "neuron" else cfg.image("training_cuda")
 
 
 def split_batch(global_batch: int, world: int, max_device_batch: int, instance_type: str) -> tuple[int, int]:
@@ -162,8 +158,8 @@ def plan(
     count = int(resolved["ResourceConfig"].get("InstanceCount", 1))
     if global_batch is None:
         reference = cfg.training.instance_type if cfg.training.instance_type in DEVICES else instance_types[0]
-        global_batch = (
-            DEVICES[reference] * cfg.training.instance_count * cfg.training.batch_size * cfg.training.grad_accum
+        global_batch = global_batch_size(
+            reference, cfg.training.instance_count, cfg.training.batch_size, cfg.training.grad_accum
         )
     if global_batch < 1:
         raise CompareError(f"--global-batch {global_batch}: expected >= 1")
@@ -189,7 +185,7 @@ def plan(
         request["OutputDataConfig"]["S3OutputPath"] = f"{cfg.s3_root}/compare/{run_id}"
         if "CheckpointConfig" in request:  # a fresh location: never resume from another run's checkpoint
             request["CheckpointConfig"]["S3Uri"] = f"{cfg.checkpoint_s3_uri}/compare/{name}"
-        if not is_trainium(instance_type):
+        if device_kind(instance_type) != "neuron":
             request.get("Environment", {}).pop("NEURON_COMPILE_CACHE_URL", None)
         request["Tags"] = [*request.get("Tags", []), {"Key": COMPARE_TAG, "Value": run_id}]
         try:

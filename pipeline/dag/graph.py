@@ -61,13 +61,6 @@ def changed_steps(old: dict | None, new: dict) -> dict[str, list[str]]:
     }
 
 
-def only_step(definition: dict, step_type: str) -> dict:
-    """The one step of `step_type` (e.g. the Training step); an error if there are none or several."""
-    found = [s for s in flatten_steps(definition["Steps"]).values() if s.get("Type") == step_type]
-    if len(found) != 1:
-        raise ExpressionError(f"the definition has {len(found)} {step_type} steps; expected exactly one")
-    return found[0]
-
 
 class StepGraph:
     """Every step of the definition (condition branches included) with its dependencies, in run order."""

@@ -28,11 +28,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from steps.contract import SAMPLE_FILE
+from steps.contract import SAMPLE_FILE, VARIANT_ATTRIBUTE
 
 LABELS = {"negative": 0, "positive": 1}
 PREFIX = "staging_test"
-VARIANT_ATTRIBUTE = "inference-variant"  # in an answer's CustomAttributes: the variant that served it
 METADATA_VALUE = re.compile(r"[^\w\s.:/=+\-@]", re.UNICODE)  # what UpdateModelPackage accepts in a value
 MAX_VALUE = 256
 
