@@ -2,7 +2,7 @@
 
 Tokenize -> [Precompile ->] Train -> Evaluate -> AccuracyGate -+-> RegisterModel --> ApprovedGate -> Deploy
                                                                 +-> AccuracyTooLow (Fail)
-(Precompile: training.backend xla with training.precompile.)
+(Precompile: training.backend xla with training.compile_ahead.)
 
 `definition()` builds it with no network call and gives byte-identical JSON for the same config
 and code: step code lives at content-hashed S3 keys (see `pipeline.code`).

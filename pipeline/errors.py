@@ -30,9 +30,14 @@ class Terminated(KeyboardInterrupt):
 
 
 def storage_fault(error: BaseException) -> str | None:
-    """One line for a disk-full, read-only or permission-denied OSError: the folder and the cause; else None."""
+    """One line for a disk-full, read-only or permission-denied OSError: what could not be done where, and the
+    cause; else None (a permission error that names no path says nothing more than its own message)."""
     if not isinstance(error, OSError) or error.errno not in STORAGE_CAUSES:
         return None
-    path = error.filename
-    folder = path if path is None or Path(path).is_dir() else Path(path).parent
-    return f"cannot write in {folder or 'a folder'}: {STORAGE_CAUSES[error.errno]}"
+    cause, path = STORAGE_CAUSES[error.errno], error.filename
+    if error.errno in (errno.EACCES, errno.EPERM):  # a read as much as a write
+        return f"cannot access {path}: {cause}" if path else None
+    if not path:
+        return f"cannot write: {cause}"
+    folder = path if Path(path).is_dir() else Path(path).parent
+    return f"cannot write in {folder}: {cause}"

@@ -89,8 +89,9 @@ def job_output(s3_output_path: str, job_name: str, archive: str) -> str:
     return f"{s3_output_path.rstrip('/')}/{job_name}/output/{archive}"
 
 
-# Experiment tracking (training/tracking.py, also steps/tracking.py): the Train and Evaluate steps' environment, the
-# tag that finds an execution's run, and where the report names it (a registered version's metadata value)
+# Experiment tracking (training/tracking.py, also steps/evaluation/tracking.py): the Train and Evaluate steps'
+# environment, the tag that finds an execution's run, and where the report names it (a registered version's metadata
+# value)
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 EXECUTION_ENV = "PIPELINE_EXECUTION_ID"

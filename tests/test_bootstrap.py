@@ -188,6 +188,14 @@ def test_delete_refuses_while_the_group_holds_versions_or_endpoints_run_as_the_r
     sm.create_endpoint_config(EndpointConfigName="other-cfg", ProductionVariants=[{
         "VariantName": "AllTraffic", "ModelName": "other", "InstanceType": "ml.c5.xlarge", "InitialInstanceCount": 1}])
     sm.create_endpoint(EndpointName="someone-elses", EndpointConfigName="other-cfg")
+    for gone in ("model", "config"):  # endpoints whose model or config was deleted under them: passed over
+        sm.create_model(ModelName=f"gone-{gone}", ExecutionRoleArn=role, PrimaryContainer={"Image": image})
+        sm.create_endpoint_config(EndpointConfigName=f"gone-{gone}-cfg", ProductionVariants=[{
+            "VariantName": "AllTraffic", "ModelName": f"gone-{gone}", "InstanceType": "ml.c5.xlarge",
+            "InitialInstanceCount": 1}])
+        sm.create_endpoint(EndpointName=f"orphan-{gone}", EndpointConfigName=f"gone-{gone}-cfg")
+    sm.delete_model(ModelName="gone-model")
+    sm.delete_endpoint_config(EndpointConfigName="gone-config-cfg")
 
     with pytest.raises(BootstrapError) as refused:
         bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK, force=True, sleep=lambda s: None)

@@ -205,6 +205,23 @@ def unshared(script: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def test_a_storage_fault_says_what_could_not_be_done_where(tmp_path):
+    """A permission error may come from a read: it names the path, not "cannot write"; no path, no guess."""
+    import errno
+
+    from pipeline.errors import storage_fault
+
+    target = tmp_path / "registry.json"
+    assert storage_fault(PermissionError(errno.EACCES, "Permission denied", str(target))) == (
+        f"cannot access {target}: permission denied (check the folder's owner and mode)")
+    assert storage_fault(PermissionError(errno.EACCES, "Permission denied")) is None
+    assert storage_fault(OSError(errno.ENOSPC, "No space left on device", str(target))) == (
+        f"cannot write in {tmp_path}: the disk is full (free some space)")
+    assert storage_fault(OSError(errno.ENOSPC, "No space left on device")) == (
+        "cannot write: the disk is full (free some space)")
+    assert storage_fault(FileNotFoundError(errno.ENOENT, "No such file", str(target))) is None
+
+
 @pytest.mark.parametrize("fault, cause", [
     ("full", "the disk is full (free some space)"),
     ("read-only", "the file system is read-only (use a writable folder, e.g. --root)"),

@@ -274,6 +274,22 @@ def test_an_approval_while_the_endpoint_is_busy_is_deployed_after_the_update(wor
     assert actions(result) == [("staging", "unchanged", 3), ("staging", "test", 3)]
 
 
+def test_a_promotion_while_production_is_busy_is_recorded_and_deployed_after_the_update(world):
+    """Production busy with an update of its own: the promotion is kept in the registry and sent when it ends."""
+    life = promoted_twice(world)
+    world.register("PendingManualApproval")
+    world.handle(world.approve(3))
+    world.handle(world.sm.finish(STAGING))
+    updates = len(world.sm.updates)
+    world.sm.busy(PRODUCTION, "Updating")  # e.g. a data capture change in flight
+    outcomes = life.promote(world.account.version(3))
+    assert [(o["action"], o["version"]) for o in outcomes] == [("promotion", 3), ("deferred", 3)]
+    assert "promoted_at" in world.metadata(3) and len(world.sm.updates) == updates
+    assert actions(world.handle(world.sm.finish(PRODUCTION))) == [("production", "updated", 3)]
+    world.handle(world.sm.finish(PRODUCTION))
+    assert world.serving("production") == 3
+
+
 def test_rejection_rolls_back_and_says_when_there_is_nothing_to_roll_back_to(world):
     promoted_twice(world)
     update = world.sm.updates[-1]

@@ -242,11 +242,18 @@ def test_without_a_server_there_is_no_mlflow_config_and_no_server_uri(no_network
     assert contract.TRACKING_URI_ENV not in train and train[contract.EXPERIMENT_ENV] == "trainium-bert"
 
 
-def test_a_bad_server_arn_is_one_clear_error():
+@pytest.mark.parametrize("arn", [
+    "arn:aws:sagemaker:us-east-1:1:model/x",
+    "arn:aws:sagemaker:us-east-1:123456789012:mlflow-app/app-abc123",  # an MLflow App: another host and signing
+    "arn:aws-cn:sagemaker:cn-north-1:123456789012:mlflow-tracking-server/x",  # no sagemaker-mlflow host there
+])
+def test_a_server_arn_the_steps_cannot_log_to_is_one_clear_error(arn):
     from pipeline.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="tracking.server_arn"):
-        load_config(ROOT / "pipeline.yaml", ["tracking.server_arn=arn:aws:sagemaker:us-east-1:1:model/x"], environ={})
+    with pytest.raises(ConfigError, match="tracking.server_arn.*mlflow-tracking-server"):
+        load_config(ROOT / "pipeline.yaml", [f"tracking.server_arn={arn}"], environ={})
+    load_config(ROOT / "pipeline.yaml", ["tracking.server_arn=arn:aws-us-gov:sagemaker:us-gov-west-1:123456789012:"
+                                         "mlflow-tracking-server/x"], environ={})
 
 
 # the execution role

@@ -41,8 +41,7 @@ DEFAULT_TIMEOUT_S = 5.0
 TRAINING_JOB_ENV = "TRAINING_JOB_NAME"
 PROCESSING_JOB_CONFIG = "/opt/ml/config/processingjobconfig.json"
 PIPELINE_JOB = re.compile(r"^pipelines-([a-z0-9]+)-")  # the names SageMaker Pipelines gives its steps' jobs
-ARN_HEADERS = {  # the header that names the resource, by its ARN type (as sagemaker-mlflow sends it)
-    "mlflow-tracking-server": "x-mlflow-sm-tracking-server-arn", "mlflow-app": "x-sm-mlflow-app-arn"}
+ARN_HEADER = "x-mlflow-sm-tracking-server-arn"  # names the tracking server, as sagemaker-mlflow sends it
 
 
 def _now_ms() -> int:
@@ -56,11 +55,9 @@ class RestStore:
         self.timeout, self.headers, self.region = timeout, {}, None
         base = uri
         if uri.startswith("arn:"):
-            parts = uri.split(":", 5)  # arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME
-            self.region, kind = parts[3], parts[5].split("/", 1)[0]
-            domain = "amazonaws.com.cn" if parts[1] == "aws-cn" else "aws"
-            base = f"https://{self.region}.experiments.sagemaker.{domain}"
-            self.headers = {ARN_HEADERS.get(kind, ARN_HEADERS["mlflow-tracking-server"]): uri}
+            self.region = uri.split(":")[3]  # arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME
+            base = f"https://{self.region}.experiments.sagemaker.aws"  # also for aws-us-gov (as sagemaker-mlflow)
+            self.headers = {ARN_HEADER: uri}
         self.base = base.rstrip("/") + "/api/2.0/mlflow/"
 
     def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:

@@ -307,20 +307,41 @@ def _group_versions(sm: Any, group: str) -> int:
         raise BootstrapError(explain(e, f"list the versions of model package group {group}")) from None
 
 
+def _gone(error: ClientError) -> bool:
+    """SageMaker's answer for a resource deleted since it was listed or named (an endpoint whose config or model
+    was deleted under it): ValidationException "Could not find ..."."""
+    answer = error.response.get("Error", {})
+    return answer.get("Code") == "ValidationException" and "Could not find" in answer.get("Message", "")
+
+
 def _endpoints_using(sm: Any, role: str) -> list[str]:
-    """The endpoints of the region whose models run as `role`."""
+    """The endpoints of the region whose models run as `role` (an endpoint, config or model deleted meanwhile, or
+    a model deleted under a running endpoint, cannot be told: passed over)."""
     found = []
     with_role: dict[str, bool] = {}
+
+    def runs_as_role(model: str) -> bool:
+        if model not in with_role:
+            try:
+                with_role[model] = sm.describe_model(ModelName=model).get("ExecutionRoleArn") == role
+            except ClientError as e:
+                if not _gone(e):
+                    raise
+                with_role[model] = False
+        return with_role[model]
+
     try:
         for page in sm.get_paginator("list_endpoints").paginate():
             for summary in page["Endpoints"]:
                 name = summary["EndpointName"]
-                config = sm.describe_endpoint(EndpointName=name).get("EndpointConfigName", "")
-                variants = sm.describe_endpoint_config(EndpointConfigName=config).get("ProductionVariants", [])
-                for model in {v["ModelName"] for v in variants if v.get("ModelName")}:
-                    if model not in with_role:
-                        with_role[model] = sm.describe_model(ModelName=model).get("ExecutionRoleArn") == role
-                if any(with_role.get(v.get("ModelName", "")) for v in variants):
+                try:
+                    config = sm.describe_endpoint(EndpointName=name).get("EndpointConfigName", "")
+                    variants = sm.describe_endpoint_config(EndpointConfigName=config).get("ProductionVariants", [])
+                except ClientError as e:
+                    if not _gone(e):
+                        raise
+                    continue
+                if any(runs_as_role(v["ModelName"]) for v in variants if v.get("ModelName")):
                     found.append(name)
     except ClientError as e:
         raise BootstrapError(explain(e, f"list the endpoints that use role {role}")) from None

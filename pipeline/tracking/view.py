@@ -7,7 +7,7 @@ from rich.table import Table
 from pipeline.tracking.store import KEY_METRICS, KEY_PARAMS, RunRow
 
 HEADERS = {  # short headers, so that a row fits a terminal
-    "learning_rate": "lr", "batch_size": "batch", "epochs": "epochs", "max_steps": "steps", "world_size": "devices",
+    "learning_rate": "lr", "batch_size": "batch", "epochs": "epochs", "world_size": "devices",
     "serving_variant": "serving", "train_loss": "loss", "samples_per_sec": "samples/s",
     "warmup_s": "warm-up s", "val_accuracy": "val acc", "test_accuracy": "test acc", "eval_f1": "f1",
 }

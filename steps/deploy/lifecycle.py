@@ -14,8 +14,9 @@ Decisions (the pure functions below) read the Approved versions and the version 
               Approved; else (that version was rejected) the rollback target.
   production  the Approved version promoted last (promotion needs a passed staging test); if the version it serves is
               no longer Approved: the rollback target, which is marked promoted once production serves it (or
-              is being updated to it). A promotion is recorded the same way; a failed deploy records
-              <stage>_deploy_failed_at and <stage>_deploy_failure instead.
+              is being updated to it). A promotion is recorded unless its deploy fails (while production is busy
+              it follows the update in flight); a failed deploy records <stage>_deploy_failed_at and
+              <stage>_deploy_failure instead.
   rollback    the newest other Approved version that passed its staging test; if there is none the endpoint is left
               as it is and an alert says so.
 An endpoint being created or updated is left alone (`deferred`): the end of that update reconciles again (on AWS the
@@ -322,10 +323,10 @@ class Lifecycle:
         promoted_at = self.now()
         promoted = Version(version.number, version.status, {**version.metadata, PROMOTED: promoted_at}, version.arn)
         deployed = self.reconcile(PRODUCTION, promoted, "was promoted")
-        endpoint = self.account.endpoint(PRODUCTION)
-        if endpoint.version != version.number:  # the deploy failed: the registry keeps the version that serves
+        if any(o["action"] == "deploy-failed" for o in deployed):  # the registry keeps the version that serves
             return deployed
-        self.account.set_metadata(version, {PROMOTED: promoted_at})  # recorded once it serves (or is on its way)
+        self.account.set_metadata(version, {PROMOTED: promoted_at})  # serves, is on its way or follows an update
+        endpoint = self.account.endpoint(PRODUCTION)
         how = "automatically after its staging test passed" if automatic else "by hand"
         return [self._outcome(PRODUCTION, endpoint.name, "promotion", version.number,
                               f"production {endpoint.name}: version {version.number} promoted {how}"), *deployed]
