@@ -104,6 +104,9 @@ UNTRACKED = "none"  # the report's run id when nothing was tracked (metadata val
 PENDING, APPROVED, REJECTED = "PendingManualApproval", "Approved", "Rejected"
 APPROVAL_STATUSES = (APPROVED, PENDING, REJECTED)
 MODEL_PACKAGE_EVENT = "SageMaker Model Package State Change"
+# The deploy Lambda's timeout (upsert sets it): no invocation runs longer, so an event's claim that old and not
+# finished belongs to an invocation Lambda killed, and its retry takes the claim over
+DEPLOY_LAMBDA_TIMEOUT_S = 900
 
 # The endpoint
 MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time inference's request limit

@@ -195,7 +195,7 @@ def test_deploy_lambda_role_grants_exactly_what_its_code_calls():
     assert _allowed(document, "s3:GetObject", sample)
     assert not _allowed(document, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/x.csv")
     marker = f"arn:aws:s3:::{BUCKET}/trainium-bert/lifecycle-markers/events/0123abcd"
-    assert _allowed(document, "s3:PutObject", marker) and _allowed(document, "s3:DeleteObject", marker)
+    assert all(_allowed(document, f"s3:{action}", marker) for action in ("PutObject", "GetObject", "DeleteObject"))
     assert not _allowed(document, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/x.csv")
     printed = {s["Sid"]: s for s in policies(config)["deploy-lambda-role"]["Statement"]}
     assert _allowed(document, "sns:Publish", TOPIC) and printed["Alerts"]["Resource"] == [TOPIC]

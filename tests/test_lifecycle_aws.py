@@ -434,6 +434,21 @@ def test_a_state_change_delivered_twice_is_handled_once_even_while_the_first_del
     assert world.handle({**event, "id": str(uuid.uuid4())})["action"] == "ignored"  # a later duplicate too
 
 
+def test_an_invocation_killed_at_its_timeout_leaves_its_state_change_to_the_retry(world, monkeypatch):
+    """Lambda kills an invocation at its timeout: nothing releases its claim, yet the retry must handle the change;
+    a delivery while the claim is younger than the timeout, or after it finished, is a duplicate."""
+    world.register()
+    world.handle(world.approve(1))
+    event = world.sm.finish(STAGING)
+    assert world.account.claim(f"events/{deploy.event_key(event)}")  # the killed invocation's claim, never finished
+    assert world.handle(event)["action"] == "ignored"  # within the timeout: it may still run
+    assert world.metadata(1).get("staging_test") is None
+    monkeypatch.setattr(deploy, "DEPLOY_LAMBDA_TIMEOUT_S", 0)  # the timeout has passed since the claim
+    assert actions(world.handle(event)) == [("staging", "unchanged", 1), ("staging", "test", 1)]
+    assert world.metadata(1)["staging_test"] == "pass"
+    assert world.handle(event)["action"] == "ignored"  # finished: a duplicate however late
+
+
 def test_a_failed_invocation_releases_its_state_change_for_the_retry(world):
     world.register()
     event = world.approve(1)

@@ -76,10 +76,10 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Action": ["s3:GetObject"],
                 "Resource": [f"{arn}:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{sample}"],
             },
-            {  # markers created only where absent: the events handled, the metadata revisions claimed
-                "Sid": "LifecycleMarkers",
+            {  # markers created only where absent: the events handled, the metadata revisions claimed (an event's
+                "Sid": "LifecycleMarkers",  # marker read to see whether a killed invocation left it unfinished)
                 "Effect": "Allow",
-                "Action": ["s3:PutObject", "s3:DeleteObject"],
+                "Action": ["s3:PutObject", "s3:GetObject", "s3:DeleteObject"],
                 "Resource": [f"{arn}:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{MARKERS}/*"],
             },
             {  # what Application Auto Scaling checks that its caller may do to the variant (beside Describe*)

@@ -14,6 +14,7 @@ from pipeline.dag.requests import check_job_steps
 from pipeline.deploy_settings import settings
 from pipeline.records import Upserted
 from pipeline.sagemaker.aws import MAX_INLINE_DEFINITION, Aws, explained, split_s3_uri
+from steps.contract import DEPLOY_LAMBDA_TIMEOUT_S
 
 LAMBDA_RUNTIME = "python3.12"
 LAMBDA_HANDLER = "steps.deploy.handler.lambda_handler"
@@ -42,7 +43,7 @@ def deploy_lambda_settings(cfg: Config) -> dict:
         "Role": cfg.deploy.lambda_role_arn,
         "Handler": LAMBDA_HANDLER,
         "Runtime": LAMBDA_RUNTIME,
-        "Timeout": 900,
+        "Timeout": DEPLOY_LAMBDA_TIMEOUT_S,
         "MemorySize": 512,
         "Environment": {"Variables": lambda_environment(cfg)},
     }

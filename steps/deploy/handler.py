@@ -12,7 +12,8 @@ come from the environment (sagemaker_account.Settings). Callers, each handled by
   the endpoint test of a new version, then auto-promotion if configured; production: autoscaling, and an approval or
   rollback that waited for the update), FAILED is an alert.
 SageMaker may send several events per state change, and a failed invocation is retried: an event whose state change
-(`event_key`) was handled already is ignored; the deploy Lambda runs one invocation at a time (reserved concurrency 1,
+(`event_key`) was handled already, or is being handled, is ignored (one whose invocation was killed at the timeout
+is handled by the retry); the deploy Lambda runs one invocation at a time (reserved concurrency 1,
 set by upsert), so two endpoint tests never share the staging endpoint.
 Nothing is refused because an endpoint is busy: the decision is "deferred" and the InService event of that update
 runs it. Returns {"action", "endpoint_config_name", "endpoint_name", "outcomes": [...]} (the first two are the
@@ -26,7 +27,7 @@ import json
 import os
 from typing import Any
 
-from steps.contract import APPROVED, MODEL_PACKAGE_EVENT
+from steps.contract import APPROVED, DEPLOY_LAMBDA_TIMEOUT_S, MODEL_PACKAGE_EVENT
 from steps.deploy import lifecycle, sagemaker_account, sagemaker_endpoints
 
 ENDPOINT_EVENT = "SageMaker Endpoint State Change"
@@ -101,17 +102,20 @@ def event_key(event: dict) -> str | None:
 
 def handle(event: dict, account: sagemaker_account.SageMakerAccount) -> dict[str, Any]:
     """Route one event (see the module) to the lifecycle of `account`, once per state change: a duplicate is ignored;
-    a failure releases the change for the retry."""
+    a failure releases the change for the retry, and so does a timeout (no release then: the retry takes over a claim
+    older than the Lambda's timeout that never finished)."""
     key = event_key(event)
     if key is None:
         return _route(event, account)
-    if not account.claim(f"events/{key}"):
+    if not account.claim(f"events/{key}", abandoned_after_s=DEPLOY_LAMBDA_TIMEOUT_S):
         return _ignored(f"a duplicate: this state change (event key {key[:12]}) was handled already")
     try:
-        return _route(event, account)
+        done = _route(event, account)
     except BaseException:
         account.release(f"events/{key}")
         raise
+    account.finish(f"events/{key}")
+    return done
 
 
 def _route(event: dict, account: sagemaker_account.SageMakerAccount) -> dict[str, Any]:

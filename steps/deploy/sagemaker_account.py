@@ -11,9 +11,11 @@ autoscaling), AUTO_PROMOTE, TEST_ROWS / TEST_MAX_ACCURACY_DROP / TEST_P95_MS (th
 MARKERS_S3_URI.
 
 Concurrency (SageMaker may send several events per state change; async invocations are retried): under
-MARKERS_S3_URI, objects created only where absent (S3 PutObject If-None-Match: *) mark each state change handled
-(`claim`) and each revision of a version's metadata (`set_metadata`: a write claims revision n+1 of what it read, so a
-concurrent writer re-reads instead of overwriting; UpdateModelPackage itself has no condition to offer).
+MARKERS_S3_URI, objects created only where absent (S3 PutObject If-None-Match: *) mark each state change claimed
+(`claim`; `finish` marks it handled, and a claim left unfinished by an invocation Lambda killed at its timeout is
+taken over by the retry, with a PutObject If-Match on the ETag it read, so of two takers one wins) and each revision
+of a version's metadata (`set_metadata`: a write claims revision n+1 of what it read, so a concurrent writer re-reads
+instead of overwriting; UpdateModelPackage itself has no condition to offer).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from steps.deploy import endpoint_check, lifecycle
@@ -31,6 +34,7 @@ from steps.deploy import sagemaker_endpoints as endpoints
 SUBJECT_LIMIT = 99  # SNS: a subject is under 100 ASCII characters, one line
 REVISION = "lifecycle_revision"  # the metadata's revision, claimed under MARKERS_S3_URI by each write
 ABANDONED_S = 10.0  # a revision claimed this long ago and still not written: its writer died
+FINISHED = b"handled"  # the body of an event's marker once its invocation finished
 
 
 TARGET_INVOCATIONS = 100.0  # production autoscaling's target: invocations per instance per minute
@@ -182,18 +186,47 @@ class SageMakerAccount:
         bucket, _, prefix = (self.settings.markers_s3_uri or "")[5:].partition("/")
         return bucket, f"{prefix.rstrip('/')}/{key}".lstrip("/")
 
-    def claim(self, key: str) -> bool:
-        """Create the marker `key`; False when it exists (claimed before). True when there is nowhere to keep one."""
+    def claim(self, key: str, abandoned_after_s: float | None = None) -> bool:
+        """Create the marker `key`; False when it exists (claimed before), unless `abandoned_after_s` is given and
+        the marker is a claim not finished that long after it was made (its holder is dead): then it is taken over.
+        True when there is nowhere to keep one."""
         if not self.settings.markers_s3_uri or self.s3 is None:
             return True
         bucket, name = self._marker(key)
         try:
             self.s3.put_object(Bucket=bucket, Key=name, Body=b"", IfNoneMatch="*")
         except Exception as e:
-            if endpoints._error_code(e)[0] in ("PreconditionFailed", "ConditionalRequestConflict"):
+            if not _lost_race(e):
+                raise
+            return abandoned_after_s is not None and self._take_over(key, abandoned_after_s)
+        return True
+
+    def _take_over(self, key: str, abandoned_after_s: float) -> bool:
+        """Claim the marker `key` again if it is unfinished and older than `abandoned_after_s`: overwritten only while
+        it is the object read (If-Match), so of two takers one wins."""
+        bucket, name = self._marker(key)
+        try:
+            held = self.s3.get_object(Bucket=bucket, Key=name)
+        except Exception as e:
+            if endpoints._error_code(e)[0] == "NoSuchKey":  # released meanwhile: claimed afresh
+                return self.claim(key)
+            raise
+        age = (datetime.now(timezone.utc) - held["LastModified"]).total_seconds()
+        if held["Body"].read() == FINISHED or age < abandoned_after_s:
+            return False
+        try:
+            self.s3.put_object(Bucket=bucket, Key=name, Body=b"", IfMatch=held["ETag"])
+        except Exception as e:
+            if _lost_race(e):
                 return False
             raise
         return True
+
+    def finish(self, key: str) -> None:
+        """Mark the claim `key` finished: a later delivery of what it marks is a duplicate however late it comes."""
+        if self.settings.markers_s3_uri and self.s3 is not None:
+            bucket, name = self._marker(key)
+            self.s3.put_object(Bucket=bucket, Key=name, Body=FINISHED)
 
     def release(self, key: str) -> None:
         """Delete the marker `key` (what it marked did not happen after all)."""
@@ -303,3 +336,8 @@ class SageMakerAccount:
         if self.sns is not None and self.settings.topic_arn:
             self.sns.publish(TopicArn=self.settings.topic_arn, Subject=subject(line),
                              Message=f"{line}\n{json.dumps(detail, default=str, indent=2)}")
+
+
+def _lost_race(error: Exception) -> bool:
+    """S3's answer to a conditional write whose condition no longer holds."""
+    return endpoints._error_code(error)[0] in ("PreconditionFailed", "ConditionalRequestConflict")
