@@ -158,15 +158,16 @@ def test_boto3_sagemaker_runtime_client_works_unchanged(endpoint: LocalEndpoint,
 
     with pytest.raises(ClientError) as bad:
         runtime.invoke_endpoint(EndpointName="bert-local", Body=b"{not json", ContentType="application/json")
-    assert bad.value.response["Error"]["Code"] == "ModelError"
-    assert bad.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    assert bad.value.response["Error"]["Code"] == "ModelError"  # SageMaker Runtime's ModelError: 424, and the
+    assert bad.value.response["ResponseMetadata"]["HTTPStatusCode"] == 424  # container's own status inside
+    assert bad.value.response["OriginalStatusCode"] == 400
 
 
 def test_bad_input_is_a_4xx_json_error_and_the_server_keeps_serving(endpoint: LocalEndpoint, models: dict):
     cases = (
         (b"{not json", "application/json", 400, "MalformedJSON"),
         (b'{"inputs": 3}', "application/json", 400, "InvalidInput"),
-        (b"<a>hello</a>", "application/xml", 415, "UnsupportedContentType"),
+        (b"<a>hello</a>", "application/xml", 400, "UnsupportedContentType"),  # the toolkit: 400 for every one
         (b"\xff\xfe", "application/json", 400, "InvalidEncoding"),
     )
     for body, content_type, code, name in cases:

@@ -3,11 +3,13 @@
 
 Requests: application/json {"inputs": "text" | [text, ...]} (the Hugging Face convention; "parameters" is accepted
 and ignored) or a bare string or list, where a text is a string or a {"text": title, "text_pair": content} pair
-(encoded as the Tokenize step encodes training rows); text/csv, one review per line (RFC 4180 quoting); text/plain,
-one review. Responses (Accept): application/json (default), a list of ``{"label": "positive"|"negative", "score"}``
-in input order, or application/jsonlines. A text over the maximum length is truncated and says ``"truncated": true``.
-Bad input raises ``InferenceError``: message the JSON ``{"error": CODE, "detail": ...}``, ``status`` the HTTP status
-(400, 406, 413, 415; the container answers 400 with the message). No request can break the loaded model.
+(encoded as the Tokenize step encodes training rows: a blank title leaves the content alone; a pair alone is one
+input); text/csv, one review per line (RFC 4180 quoting); text/plain, one review. Responses (Accept):
+application/json (default), a list of ``{"label": "positive"|"negative", "score"}`` in input order, or
+application/jsonlines (when it is the only type the Accept header names). A text over the maximum length is
+truncated and says ``"truncated": true``. Bad input raises ``InferenceError``: message the JSON ``{"error": CODE,
+"detail": ...}``, ``status`` the HTTP status (400, 406, 413, 415; the container answers 400 with the message). No
+request can break the loaded model.
 
 Variants, named by the environment the pipeline registers (the evaluation's choice): INFERENCE_RUNTIME=torch
 (default), with INFERENCE_QUANTIZE=int8 its Linear layers dynamically quantized; INFERENCE_RUNTIME=onnxruntime runs
@@ -41,6 +43,7 @@ MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time inference's request l
 VARIANT_ATTRIBUTE = "inference-variant"  # in an answer's CustomAttributes: the variant that served it
 LABELS = ("negative", "positive")
 JSON, JSONLINES, CSV, TEXT = "application/json", "application/jsonlines", "text/csv", "text/plain"
+JSONLINES_TYPES = (JSONLINES, "application/x-jsonlines", "application/jsonl")
 CHARS_PER_TOKEN_CUT = 32  # texts longer than max_length * this many characters are cut between words first
 RUNTIMES, QUANTIZATIONS = ("torch", "onnxruntime"), ("none", "int8")
 PACKAGES_DIR = "code/packages"  # runtimes the image may lack, put there by the evaluation
@@ -332,22 +335,27 @@ def _texts_from_json(body: str) -> list[Text]:
         if "parameters" in payload and not isinstance(payload["parameters"], dict):
             raise InferenceError(400, "InvalidInput", "parameters must be a JSON object")
         payload = payload["inputs"]
-    if isinstance(payload, str):
-        return [payload]
+    pair = {"text", "text_pair"}
+    if isinstance(payload, str) or isinstance(payload, dict) and set(payload) == pair:
+        payload = [payload]  # one review, or one pair (as Hugging Face's text-classification pipeline takes it)
     if not isinstance(payload, list):
         raise InferenceError(400, "InvalidInput", f"inputs must be a string or a list, not {type(payload).__name__}")
-    pair = {"text", "text_pair"}
     for i, item in enumerate(payload):
         if not (isinstance(item, str) or isinstance(item, dict) and set(item) == pair
                 and all(isinstance(v, str) for v in item.values())):
             raise InferenceError(400, "InvalidInput", f"inputs[{i}] is a {type(item).__name__}: expected a string "
                                  'or {"text": str, "text_pair": str}')
-    return [item if isinstance(item, str) else (item["text"], item["text_pair"]) for item in payload]
+    return [item if isinstance(item, str) else _pair(item["text"], item["text_pair"]) for item in payload]
+
+
+def _pair(title: str, content: str) -> Text:
+    """A (title, content) pair as the Tokenize step encodes it: without a title (blank), the content alone."""
+    return (title, content) if title.strip() else content
 
 
 def _texts_from_csv(body: str) -> list[str]:
     try:
-        rows = list(csv.reader(io.StringIO(body, newline="")))
+        rows = list(csv.reader(io.StringIO(body, newline=""), strict=True))  # an unmatched quote is an error
     except csv.Error as e:
         raise InferenceError(400, "MalformedCSV", f"the body is not valid CSV: {e}") from None
     return [",".join(row) for row in rows if row]  # unquoted commas split a review: join it back
@@ -370,9 +378,10 @@ def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Tex
         raise InferenceError(415, "UnsupportedContentType", f"content type {kind!r}: use {JSON}, {CSV} or {TEXT}")
     if not texts:
         raise InferenceError(400, "EmptyInput", "no texts to classify")
-    for i, part in ((i, p) for i, t in enumerate(texts) for p in ((t,) if isinstance(t, str) else t)):
-        if not part.strip():
+    for i, text in enumerate(texts):
+        if not "".join((text,) if isinstance(text, str) else text).strip():
             raise InferenceError(400, "EmptyInput", f"text {i} is empty")
+    for i, part in ((i, p) for i, t in enumerate(texts) for p in ((t,) if isinstance(t, str) else t)):
         try:
             part.encode("utf-8")
         except UnicodeEncodeError:
@@ -391,11 +400,11 @@ def predict_fn(data: list[Text], model: Classifier, context: Any = None) -> list
 
 
 def output_fn(prediction: list[dict[str, Any]], accept: str) -> str:
-    """Serialise as a JSON list, or JSON Lines when the Accept header asks for application/jsonlines."""
+    """Serialise as a JSON list, or JSON Lines when the Accept header is a JSON Lines type alone (the container
+    sends the Accept header back as the response's Content-Type, so a list or a wildcard answers JSON)."""
     offered = [_media_type(part)[0] for part in (accept or JSON).split(",")]
-    for kind in offered:
-        if kind in (JSON, "*/*", "application/*", ""):
-            return json.dumps(prediction)
-        if kind in (JSONLINES, "application/x-jsonlines", "application/jsonl"):
-            return "".join(json.dumps(p) + "\n" for p in prediction)
+    if len(offered) == 1 and offered[0] in JSONLINES_TYPES:
+        return "".join(json.dumps(p) + "\n" for p in prediction)
+    if any(kind in (JSON, "*/*", "application/*", "", *JSONLINES_TYPES) for kind in offered):
+        return json.dumps(prediction)
     raise InferenceError(406, "UnsupportedAccept", f"accept {accept!r}: use {JSON} or {JSONLINES}")

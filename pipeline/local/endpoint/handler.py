@@ -4,7 +4,8 @@ model.tar.gz is untarred as is (files at the archive root), `<model_dir>/code` g
 `inference` (or $SAGEMAKER_PROGRAM) is imported from it. Its `model_fn`/`input_fn`/`predict_fn`/`output_fn` (or
 `transform_fn` alone) are called with the toolkit's contract: `input_fn` gets a `str` only for exactly
 `application/json` or `text/csv` (else a `bytearray`), a missing or `*/*` Accept becomes `application/json`, and a
-handler taking one extra trailing parameter receives a context. Handler exceptions become 400 `ModelError`s.
+handler taking one extra trailing parameter receives a context. Handler exceptions become 400 `ModelError`s, as the
+toolkit answers every one (its PredictionException), whatever status the exception names.
 """
 
 from __future__ import annotations
@@ -149,10 +150,9 @@ def _default_output_fn(prediction: Any, accept: str) -> str:
 
 
 def _handler_error(exc: Exception, stage: str) -> EndpointError:
-    """A handler exception as the answer: 400 ModelError as the toolkit gives, unless the exception carries a 4xx
-    `status` and a JSON message {"error", "detail"} (training/inference.py's InferenceError), which are used."""
-    status = getattr(exc, "status", None)
-    status = status if isinstance(status, int) and 400 <= status < 500 else 400
+    """A handler exception as the answer: 400 ModelError as the toolkit gives; a JSON message {"error", "detail"}
+    (training/inference.py's InferenceError) names the error in the body."""
+    status = 400
     try:
         named = json.loads(str(exc))
     except ValueError:

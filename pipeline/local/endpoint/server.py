@@ -3,11 +3,12 @@
 Routes: `GET /ping` (200 once a model is loaded), `POST /invocations` (the container's own route) and
 `POST /endpoints/<name>/invocations` (SageMaker Runtime's route), so that
 `boto3.client("sagemaker-runtime", endpoint_url=url).invoke_endpoint(EndpointName=name, ...)` works unchanged.
-Errors are JSON `{"error", "message", "detail"}` with the code in `x-amzn-ErrorType` too: an unknown endpoint name
-is 400 `ValidationError`, a body over 6 MB is 413, an unknown path is 404. So are malformed requests (`framing`):
-a bad request line or Content-Length 400, a POST without a length 411, too many or too long headers 431, a body that
-does not arrive within `read_timeout` seconds 408; then the connection closes. An idle connection closes after
-`read_timeout` seconds.
+Errors are JSON `{"error", "message", "detail"}` with the code in `x-amzn-ErrorType` too: a handler's error is the
+container's 400 `ModelError`, which SageMaker Runtime's route answers as its 424 with `OriginalStatusCode` 400 (the
+`ModelError` shape of botocore's sagemaker-runtime model); an unknown endpoint name is 400 `ValidationError`, a body
+over 6 MB is 413, an unknown path is 404. So are malformed requests (`framing`): a bad request line or
+Content-Length 400, a POST without a length 411, too many or too long headers 431, a body that does not arrive within
+`read_timeout` seconds 408; then the connection closes. An idle connection closes after `read_timeout` seconds.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.timeout = self.server.endpoint.read_timeout  # idle connections close; StreamRequestHandler applies it
+        self.runtime_route = False  # whether the request in hand came by SageMaker Runtime's route
         super().setup()
         # Headers and body go out in two writes: with Nagle's algorithm the body of an answer on a kept-alive
         # connection would wait for the client's delayed ACK of the headers (40 ms on Linux).
@@ -130,6 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         try:
             match = _INVOKE_PATH.fullmatch(path)
+            self.runtime_route = bool(match)
             if path != "/invocations" and not match:
                 raise EndpointError(
                     404,
@@ -177,8 +180,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise
 
     def _error(self, error: EndpointError, started: float) -> None:
+        runtime_model_error = error.code == "ModelError" and self.runtime_route
         self._send(
-            error.status,
+            424 if runtime_model_error else error.status,
             json.dumps(error.body()).encode(),
             JSON_TYPE,
             started,
