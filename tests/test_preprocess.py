@@ -278,6 +278,68 @@ def test_bad_input_errors_name_the_file(tok_dir: Path, tmp_path: Path, capsys: p
     assert "no test files" in capsys.readouterr().err
 
 
+def test_a_max_length_over_the_models_limit_is_refused(tok_dir: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    argv = ["--source", "sample:20", "--model-id", str(tok_dir), "--max-length", "1024",
+            "--output-dir", str(tmp_path / "out")]
+    assert pre.main(argv) == 1
+    assert "--max-length 1024 exceeds the model's limit 512" in capsys.readouterr().err
+
+
+def test_the_original_csv_release_reads_without_a_header_and_maps_its_polarity(tok_dir: Path, tmp_path: Path) -> None:
+    """train.csv / test.csv of the original release: no header, polarity 1 = negative, 2 = positive."""
+    rows = ['"2","Stuning even for the non-gamer","This sound track was beautiful!"',
+            '"1","Buyer beware","This is a self-published book, and if you want to know why, read a few paragraphs"',
+            '"2","","Great, ""really"" great\nand long"', '"3","odd","a polarity of three"']
+    for header, folder in (([], tmp_path / "release"), (["polarity,title,text"], tmp_path / "named")):
+        folder.mkdir()
+        (folder / "train.csv").write_text("\n".join(header + rows) + "\n")
+        (folder / "test.csv").write_text("\n".join(header + rows[:2]) + "\n")
+        out = tmp_path / f"out-{folder.name}"
+        stats = run(tok_dir, folder, out, "--max-bad-share", "1")
+        assert stats["input"]["train"]["dropped"] == drops(invalid_label=1), folder.name
+        assert stats["input"]["train"]["rows_in"] == 4
+        test = read(out, "test")
+        assert test["label"].to_pylist() == [1, 0], folder.name
+        assert test["title"].to_pylist() == ["Stuning even for the non-gamer", "Buyer beware"]
+
+
+def test_hidden_folders_and_unreadable_text_are_not_data(tok_dir: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    """Spark's _temporary/, Jupyter's .ipynb_checkpoints/ are skipped; a lone surrogate escape in a JSON line, a
+    non-JSON-object array element and invalid UTF-8 in Parquet each drop their row (counted), not the file."""
+    import gzip
+
+    folder = tmp_path / "in"
+    lines = [json.dumps(r) for r in good_rows(10)]
+    lines.append('{"label": 1, "title": "emoji cut \\ud83d", "content": "fine"}')
+    lines.append('{"label": 1, "title": "a whole emoji \\ud83d\\ude00", "content": "fine"}')
+    (folder / "train").mkdir(parents=True)
+    (folder / "train" / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    for hidden in ("_temporary/0/task_1", ".ipynb_checkpoints"):
+        (folder / "train" / hidden).mkdir(parents=True)
+        (folder / "train" / hidden / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    (folder / "test.json").write_text(json.dumps([*good_rows(3), 5, None, ["a"]]))
+    stats = run(tok_dir, folder, tmp_path / "out", "--max-bad-share", "1")
+    assert stats["input"]["train"]["rows_in"] == 12 and stats["input"]["train"]["dropped"] == drops(
+        invalid_encoding=1)
+    assert stats["input"]["test"]["dropped"] == drops(malformed_row=3)
+
+    (folder / "test.json").unlink()
+    content = pa.array([b"the sound", b"caf\xe9 latin-1", b"great"], pa.binary())
+    pq.write_table(pa.table({"label": [0, 1, 1], "title": ["a", "b", "c"], "content": content}),
+                   folder / "test.parquet")
+    stats = run(tok_dir, folder, tmp_path / "out2", "--max-bad-share", "1")
+    assert stats["input"]["test"]["dropped"] == drops(invalid_encoding=1)
+    assert read(tmp_path / "out2", "test")["content"].to_pylist() == ["the sound", "great"]
+
+    (folder / "test.parquet").unlink()
+    (folder / "test.jsonl.gz").write_bytes(gzip.compress("\n".join(lines).encode())[:60])  # a cut download
+    argv = ["--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out3")]
+    assert pre.main(argv) == 1
+    assert "test.jsonl.gz: EOFError" in capsys.readouterr().err  # one line, no traceback
+
+
 def test_cli_fails_when_too_many_rows_are_bad(tok_dir: Path, tmp_path: Path) -> None:
     rows = [f'{i % 2},"t","fine {i}"' for i in range(95)] + ['7,"t","x"'] * 5
     write_csv(tmp_path / "in" / "train.csv", rows)

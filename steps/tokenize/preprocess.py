@@ -76,8 +76,9 @@ class Encoder:
             raise StepError(f"{model_id!r} has no fast tokenizer (tokenizer.json)")
         if max_length < 4:
             raise StepError(f"--max-length {max_length} is too small (at least 4)")
-        if max_length > tok.model_max_length:
-            log.warning("--max-length %d exceeds the model's limit %d", max_length, tok.model_max_length)
+        if max_length > tok.model_max_length:  # rows longer than the model's positions would fail Train later
+            raise StepError(f"--max-length {max_length} exceeds the model's limit {tok.model_max_length} "
+                            "(its tokenizer's model_max_length): use at most that")
         spec = tok.backend_tokenizer.to_str()
         self.pair_tok, self.cut_both_tok = Tokenizer.from_str(spec), Tokenizer.from_str(spec)
         for t, strategy in ((self.pair_tok, "only_second"), (self.cut_both_tok, "longest_first")):

@@ -6,18 +6,21 @@ Sources (--source):
   a local folder      CSV / Parquet / JSON Lines files (optionally .gz) under it
   anything else       a Hub dataset name for datasets.load_dataset (splits train/test)
 A file belongs to the train split if its path names "train", to the test split if it names "test" (the file
-name is checked first, then its folders, deepest first). Each file needs a label column and a content column
-("content", "text" or "review"); a title column ("title" or "summary") is optional. CSV files need a header;
-quoted fields may hold line breaks; LF, CRLF and a UTF-8 BOM are fine. Files are streamed, never loaded whole
-(except a JSON file that holds one array).
+name is checked first, then its folders, deepest first); files and folders whose name starts with "." or "_" are
+not data (_SUCCESS, _temporary/, .ipynb_checkpoints/, _delta_log/). Each file needs a label column ("label", 0/1;
+or "polarity", the original release's coding: 1 negative, 2 positive) and a content column ("content", "text" or
+"review"); a title column ("title" or "summary") is optional. CSV files need a header, except the original
+release's train.csv / test.csv (polarity, title, text without one: a file whose first record is three fields, the
+first 1 or 2, and no known column name); quoted fields may hold line breaks; LF, CRLF and a UTF-8 BOM are fine.
+Files are streamed, never loaded whole (except a JSON file that holds one array).
 
 Rows in = physical records of the file. Every bad row is dropped and counted under the first of DROP_REASONS that
 applies; the readers drop (and note where the first of each was, as "file line N: what"):
   malformed_row     a CSV record with the wrong number of fields (one row per physical line it spans, as it may
-                    hold several rows), or a JSON line that is not a JSON object
+                    hold several rows), or a JSON line (or array element) that is not a JSON object
   unclosed_quote    a CSV quote that never closes: each line from its record to the end of the file (csv_records.py)
   oversized_row     a record or JSON line longer than MAX_ROW_BYTES
-  invalid_encoding  a CSV record or JSON line that is not valid UTF-8
+  invalid_encoding  a CSV record, JSON line or Parquet text value that is not valid UTF-8 (or Unicode)
 and `validate` drops:
   invalid_label     a label that is missing, unparsable or not 0/1 ("negative"/"positive" are accepted too)
   missing_content   no content value (null, or an unquoted empty CSV field)
@@ -31,6 +34,7 @@ import argparse
 import gzip
 import json
 import logging
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -48,7 +52,8 @@ from steps.tokenize.csv_records import BOM, READ_BYTES, RecordBlocks
 
 log = logging.getLogger("preprocess")
 
-LABEL_COLUMNS = ("label",)
+LABEL_COLUMNS = ("label", "polarity")  # polarity: the original CSV release's 1 (negative) / 2 (positive)
+RELEASE_COLUMNS = ["polarity", "title", "text"]  # the original release's CSV files, which have no header
 CONTENT_COLUMNS = ("content", "text", "review")
 TITLE_COLUMNS = ("title", "summary")
 CHUNK_ROWS = 8192  # rows per read / tokenize batch
@@ -103,24 +108,69 @@ def _pick(names: list[str], candidates: tuple[str, ...]) -> str | None:
     return next((lower[c] for c in candidates if c in lower), None)
 
 
-def standardize(table: pa.Table, where: str) -> pa.Table:
-    """Rename the source columns to label/title/content (title may be all null); raise if one is missing."""
+def standardize(table: pa.Table, where: str) -> tuple[pa.Table, np.ndarray]:
+    """Rename the source columns to label/title/content (title may be all null); raise if one is missing. Also the
+    rows whose title or content is not valid UTF-8 (a Parquet file's bytes: CSV and JSON are checked as read)."""
     names = table.column_names
     label, content, title = (_pick(names, LABEL_COLUMNS), _pick(names, CONTENT_COLUMNS),
                              _pick(names, TITLE_COLUMNS))
     if label is None or content is None:
         raise StepError(f"{where}: needs a label column ({'/'.join(LABEL_COLUMNS)}) and a content column "
                         f"({'/'.join(CONTENT_COLUMNS)}); found columns {names}")
-    columns = {"label": table[label]}
+    columns = {"label": _release_labels(table[label]) if label.lower() == "polarity" else table[label]}
+    invalid = np.zeros(len(table), bool)
     for name, src in (("title", title), ("content", content)):
         col = table[src] if src is not None else pa.nulls(len(table), pa.string())
-        if not pa.types.is_string(col.type) and not pa.types.is_large_string(col.type):
-            try:
-                col = pc.cast(col, pa.string())
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise StepError(f"{where}: column {src!r} of type {col.type} is not text: {e}") from e
-        columns[name] = col
-    return pa.table(columns)
+        try:
+            columns[name], bad = _text(col)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise StepError(f"{where}: column {src!r} of type {col.type} is not text: {e}") from e
+        invalid |= bad
+    return pa.table(columns), invalid
+
+
+def _standardized(table: pa.Table, where: str, drops: Drops) -> pa.Table:
+    """`standardize`d, without the rows of invalid UTF-8 text, which go to `drops`."""
+    table, invalid = standardize(table, where)
+    if invalid.any():
+        drops.add("invalid_encoding", int(invalid.sum()),
+                  f"{where}: a title or content value that is not valid UTF-8 (row {int(np.argmax(invalid)) + 1} "
+                  "of a chunk)")
+        table = table.filter(pa.array(~invalid))
+    return table
+
+
+def _text(col: pa.ChunkedArray | pa.Array) -> tuple[pa.ChunkedArray | pa.Array, np.ndarray]:
+    """A column as strings, and the rows whose value is not valid UTF-8 (made null there)."""
+    bad = np.zeros(len(col), bool)
+    string = pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+    try:
+        if string:
+            col.validate(full=True)
+            return col, bad
+        return pc.cast(col, pa.string()), bad
+    except pa.ArrowInvalid:
+        if not (string or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+            raise
+    values = []
+    for i, value in enumerate(pc.cast(col, pa.large_binary()).to_pylist()):  # bytes: no UTF-8 check
+        try:
+            values.append(None if value is None else value.decode())
+        except UnicodeDecodeError:
+            bad[i] = True
+            values.append(None)
+    return pa.array(values, pa.string()), bad
+
+
+def _release_labels(polarity: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The original release's polarity (1 negative, 2 positive) as labels 0/1; anything else stays invalid."""
+    text = pc.utf8_trim_whitespace(pc.cast(polarity, pa.string()))
+    return pc.if_else(pc.equal(text, "2"), "1", pc.if_else(pc.equal(text, "1"), "0", "invalid"))
+
+
+def _headerless_release(names: list[str]) -> bool:
+    """Whether a CSV "header" is the first record of the original release: polarity 1/2, title, text."""
+    return len(names) == 3 and names[0].strip() in ("1", "2") and not {n.lower() for n in names} & set(TEXT_NAMES)
 
 
 def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
@@ -144,6 +194,11 @@ def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
                 continue
             table = pacsv.read_csv(pa.py_buffer(block.data), pacsv.ReadOptions(  # parsed in parallel pieces
                 column_names=names, block_size=2 * MAX_ROW_BYTES), parse, convert)  # a record fits in two
+            if names is None and _headerless_release(table.column_names):
+                names = RELEASE_COLUMNS
+                malformed.clear()
+                table = pacsv.read_csv(pa.py_buffer(block.data), pacsv.ReadOptions(
+                    column_names=names, block_size=2 * MAX_ROW_BYTES), parse, convert)
             names = names or table.column_names
             for text in malformed:
                 at = block.data.find(text.encode()) if "malformed_row" not in drops.notes else -1
@@ -168,7 +223,14 @@ def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
         if head.startswith(b"["):  # a JSON array rather than JSON Lines
             rows = json.load(f)
             for start in range(0, len(rows), CHUNK_ROWS):
-                yield _rows_table(rows[start:start + CHUNK_ROWS]), Drops()
+                drops, kept = Drops(), []
+                for i, row in enumerate(rows[start:start + CHUNK_ROWS], start):
+                    bad = _bad_row(row)
+                    if bad:
+                        drops.add(bad[0], 1, f"{path} element {i}: {bad[1]}")
+                    else:
+                        kept.append(row)
+                yield _rows_table(kept), drops
             return
         rows, drops, number = [], Drops(), 0
         while line := f.readline(MAX_ROW_BYTES + 1):
@@ -183,10 +245,9 @@ def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
             else:
                 try:
                     row = json.loads(line.removeprefix(BOM).decode())
-                    if isinstance(row, dict):
+                    bad = _bad_row(row, b"\\ud" in line or b"\\uD" in line)  # a surrogate escape: check it
+                    if not bad:
                         rows.append(row)
-                    else:
-                        bad = "malformed_row", "not a JSON object"
                 except UnicodeDecodeError:
                     bad = "invalid_encoding", "not valid UTF-8"
                 except json.JSONDecodeError:
@@ -198,6 +259,18 @@ def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
                 rows, drops = [], Drops()
         if rows or drops.total:
             yield _rows_table(rows), drops
+
+
+def _bad_row(row: Any, escaped_surrogates: bool = True) -> tuple[str, str] | None:
+    """Why a parsed JSON row cannot be a row (not an object; a lone surrogate escape such as a cut emoji), or None."""
+    if not isinstance(row, dict):
+        return "malformed_row", "not a JSON object"
+    if escaped_surrogates:
+        try:
+            json.dumps(row, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return "invalid_encoding", "a lone surrogate escape, not valid Unicode"
+    return None
 
 
 def _rows_table(rows: list[dict]) -> pa.Table:
@@ -226,10 +299,13 @@ def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
         reader = _jsonl_chunks
     try:
         for table, drops in reader(path):
-            yield (standardize(table, str(path)) if table is not None and len(table) else None), drops
+            if table is None or not len(table):
+                yield None, drops
+                continue
+            yield _standardized(table, str(path), drops), drops
     except StepError:
         raise
-    except (OSError, ValueError, UnicodeDecodeError, pa.ArrowException) as e:
+    except (OSError, ValueError, EOFError, zlib.error, pa.ArrowException) as e:  # EOFError: a cut gzip stream
         raise StepError(f"cannot read {path}: {type(e).__name__}: {e}") from e
 
 
@@ -251,7 +327,8 @@ def find_files(root: Path) -> dict[str, list[Path]]:
     skipped = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         name = path.name.lower().removesuffix(".gz")
-        if path.name.startswith((".", "_")) or not name.endswith(DATA_SUFFIXES):
+        hidden = any(part.startswith((".", "_")) for part in path.relative_to(root).parts)
+        if hidden or not name.endswith(DATA_SUFFIXES):
             continue
         split = split_of(path, root)
         (found[split] if split else skipped).append(path)
@@ -277,7 +354,8 @@ def hub_chunks(name: str, split: str) -> Iterator[tuple[pa.Table, Drops]]:
     for start in range(0, len(ds), CHUNK_ROWS):
         table = ds.data.slice(start, CHUNK_ROWS)
         table = getattr(table, "table", table)  # datasets wraps pyarrow tables
-        yield standardize(table, f"{name}[{split}]"), Drops()
+        drops = Drops()
+        yield _standardized(table, f"{name}[{split}]", drops), drops
 
 
 def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table | None, Drops]]]:
