@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 TRAINING_MODEL_CHANNEL = "/opt/ml/input/data/model"
 # Train step environment: glibc arenas capped (a checkpointing leak, as optimum-neuron does); libfabric fork safety
-# for the DataLoader workers and device RDMA on EFA (multi-node; ignored elsewhere). train.py adds the rest.
-TRAINING_ENVIRONMENT = {"MALLOC_ARENA_MAX": "64", "FI_EFA_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "1"}
+# for the DataLoader workers. Device RDMA is left to the training toolkit and train.py, which set it for the instance
+# types whose EFA has it (libfabric aborts where a job forces it and the device has no RDMA read, e.g. g5.48xlarge).
+TRAINING_ENVIRONMENT = {"MALLOC_ARENA_MAX": "64", "FI_EFA_FORK_SAFE": "1"}
 # The hyperparameters that shape Precompile's graphs (weight decay: 0 is a constant in the graph; seed: the bucket of
 # each rank's first batch); the schedule and logging keys are left out, so that changing them keeps its step cache.
 PRECOMPILE_HYPERPARAMETERS = ("model-id", "batch-size", "grad-accum", "max-length", "seed", "weight-decay", "bf16",
@@ -148,8 +149,8 @@ class Steps(StepParts):
             compute=Compute(
                 instance_type=self.parameters.train_instance_type,
                 instance_count=self.parameters.train_instance_count,
-                volume_size_in_gb=training.volume_size_gb,
-                volume_kms_key_id=cfg.aws.kms_key_id,
+                volume_size_in_gb=training.volume_size_gb,  # no VolumeKmsKeyId: CreateTrainingJob refuses it for
+                # an instance type with local storage (trn1, p4d, p5, g5: NVMe encrypted by the instance's hardware)
                 enable_managed_spot_training=training.spot.enabled or None,
             ),
             networking=Networking(subnets=vpc.subnets, security_group_ids=vpc.security_group_ids) if vpc else None,

@@ -283,6 +283,7 @@ def test_spot_vpc_kms_and_s3_data_source():
     assert train["StoppingCondition"]["MaxWaitTimeInSeconds"] == 172800
     assert train["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1"]}
     assert train["OutputDataConfig"]["KmsKeyId"] == "alias/pipeline"
+    assert "VolumeKmsKeyId" not in train["ResourceConfig"]  # refused for instance types with local storage
     tokenize = steps["Tokenize"]["Arguments"]
     assert tokenize["NetworkConfig"]["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1"]}
     assert tokenize["ProcessingResources"]["ClusterConfig"]["VolumeKmsKeyId"] == "alias/pipeline"
@@ -377,13 +378,13 @@ def test_multi_node_training_request_carries_the_neuron_and_efa_environment(tmp_
     assert args["ResourceConfig"]["InstanceCount"] == {"Get": "Parameters.TrainInstanceCount"}
     environment = args["Environment"]
     assert environment["MALLOC_ARENA_MAX"] == "64"  # read by glibc at process start: must come from the job
-    assert environment["FI_EFA_FORK_SAFE"] == "1" and environment["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert environment["FI_EFA_FORK_SAFE"] == "1" and "FI_EFA_USE_DEVICE_RDMA" not in environment  # not forced
     spec = importlib.util.spec_from_file_location("train_env", ROOT / "training" / "train.py")
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     job = {**environment, "SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_INSTANCE_TYPE": "ml.trn1n.32xlarge"}
     added = train.neuron_environment(job, tmp_path)
-    assert added["FI_PROVIDER"] == "efa"  # the toolkit sets it for trn1.32xlarge only
+    assert added["FI_PROVIDER"] == "efa" and added["FI_EFA_USE_DEVICE_RDMA"] == "1"  # the toolkit: trn1.32xlarge
     flags = added["NEURON_CC_FLAGS"].split()
     assert {"--model-type=transformer", "--auto-cast=none"} <= set(flags)
     assert f"--cache_dir={environment['NEURON_COMPILE_CACHE_URL']}" in flags

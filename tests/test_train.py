@@ -199,12 +199,14 @@ def test_resume_skips_incomplete_and_truncated_checkpoints(tmp_path):
     train = load_train_module()
     train.save_checkpoint(tmp_path, 5, {"step": 5})
     train.save_checkpoint(tmp_path, 10, {"step": 10})
-    assert train.load_latest_checkpoint(tmp_path)["step"] == 10
+    assert train.load_latest_checkpoint(tmp_path)[0]["step"] == 10
     (tmp_path / "slot-1" / "checkpoint.pt").write_bytes(b"truncated")  # slot-1 holds step 10
-    assert train.load_latest_checkpoint(tmp_path)["step"] == 5
-    train.save_checkpoint(tmp_path, 15, {"step": 15})  # overwrites the oldest slot (step 5)
-    (tmp_path / "slot-0" / "COMPLETE").unlink()  # crashed before its marker
-    assert train.load_latest_checkpoint(tmp_path) is None
+    state, good = train.load_latest_checkpoint(tmp_path)
+    assert state["step"] == 5 and good.name == "slot-0"
+    # the next save must not overwrite the only good checkpoint, though its step is the oldest
+    assert train.save_checkpoint(tmp_path, 15, {"step": 15}, keep=good).name == "slot-1"
+    (tmp_path / "slot-1" / "COMPLETE").unlink()  # crashed before its marker
+    assert train.load_latest_checkpoint(tmp_path)[0]["step"] == 5
 
 
 def test_checkpoints_reuse_a_fixed_number_of_files(tmp_path):
@@ -216,11 +218,11 @@ def test_checkpoints_reuse_a_fixed_number_of_files(tmp_path):
         names |= {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
     assert names == {f"slot-{k}/{f}" for k in range(train.KEEP_CHECKPOINTS) for f in ("checkpoint.pt", "COMPLETE")}
     assert [step for step, _ in train.complete_checkpoints(tmp_path)] == [45, 50]
-    assert train.load_latest_checkpoint(tmp_path)["weights"].tolist() == [50.0] * 4
+    assert train.load_latest_checkpoint(tmp_path)[0]["weights"].tolist() == [50.0] * 4
     # a slot whose file was replaced behind its marker's back (a half-synced overwrite) is skipped
     slot = dict((s, p) for s, p in train.complete_checkpoints(tmp_path))[50]
     torch.save({"step": 45, "weights": torch.zeros(4)}, slot / "checkpoint.pt")
-    assert train.load_latest_checkpoint(tmp_path)["step"] == 45
+    assert train.load_latest_checkpoint(tmp_path)[0]["step"] == 45
 
 
 def test_test_predictions_cover_the_whole_test_split(workspace, runs):

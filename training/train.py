@@ -542,10 +542,13 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_checkpoint(checkpoint_dir: Path, step: int, state: dict) -> Path:
-    """Overwrite the oldest (or an empty) slot: marker removed, checkpoint written, then the new marker."""
+def save_checkpoint(checkpoint_dir: Path, step: int, state: dict, keep: Path | None = None) -> Path:
+    """Overwrite the oldest (or an empty) slot other than `keep`: marker removed, checkpoint written, then the new
+    marker. `keep` is the slot of the checkpoint this run resumed from or saved last, the newest known to be good: a
+    newer slot that failed to load may look newer, and overwriting the good one would leave nothing if this save is
+    cut short too."""
     used = {slot.name: s for s, slot in complete_checkpoints(checkpoint_dir)}
-    names = [f"{SLOT_PREFIX}{k}" for k in range(KEEP_CHECKPOINTS)]
+    names = [f"{SLOT_PREFIX}{k}" for k in range(KEEP_CHECKPOINTS) if keep is None or f"{SLOT_PREFIX}{k}" != keep.name]
     slot = checkpoint_dir / min(names, key=lambda n: used.get(n, -1))
     slot.mkdir(parents=True, exist_ok=True)
     (slot / MARKER).unlink(missing_ok=True)
@@ -557,8 +560,8 @@ def save_checkpoint(checkpoint_dir: Path, step: int, state: dict) -> Path:
     return slot
 
 
-def load_latest_checkpoint(checkpoint_dir: Path) -> dict | None:
-    """The newest checkpoint whose file matches its marker (size and SHA-256) and loads, else None."""
+def load_latest_checkpoint(checkpoint_dir: Path) -> tuple[dict, Path] | None:
+    """The newest checkpoint whose file matches its marker (size and SHA-256) and loads, and its slot; else None."""
     for step, slot in reversed(complete_checkpoints(checkpoint_dir)):
         path = slot / "checkpoint.pt"
         try:
@@ -568,7 +571,7 @@ def load_latest_checkpoint(checkpoint_dir: Path) -> dict | None:
             state = torch.load(path, map_location="cpu", weights_only=True)
             if state.get("step") != step:
                 raise ValueError(f"holds step {state.get('step')}, its marker says {step}")
-            return state
+            return state, slot
         except Exception as e:  # a truncated or stale checkpoint: try the previous one
             print(f"warning: skipping checkpoint {slot}: {e}", file=sys.stderr, flush=True)
     return None
@@ -879,7 +882,8 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     step = resumed_from = 0
-    state = load_latest_checkpoint(checkpoint_dir)
+    loaded = load_latest_checkpoint(checkpoint_dir)
+    state, good_slot = loaded if loaded is not None else (None, None)
     if state is not None:
         if state["world_size"] != rt.world_size:
             rt.log(
@@ -903,12 +907,13 @@ def main(argv: list[str] | None = None) -> None:
     last_checkpoint = time.monotonic()
 
     def checkpoint() -> None:
-        nonlocal last_checkpoint
+        nonlocal last_checkpoint, good_slot
         rt.mark_step()
         if rt.master:
             state = host_state(rt, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()})
             state.update(scheduler=scheduler.state_dict(), step=step, world_size=rt.world_size)
-            rt.log(f"saved checkpoint {save_checkpoint(checkpoint_dir, step, state)} at step={step}")
+            good_slot = save_checkpoint(checkpoint_dir, step, state, keep=good_slot)
+            rt.log(f"saved checkpoint {good_slot} at step={step}")
         rt.barrier("checkpoint")
         last_checkpoint = time.monotonic()
 
