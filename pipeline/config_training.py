@@ -78,6 +78,13 @@ class Training(NeuronBackend):
         return str(Path(module.get_model_path()).resolve())
 
     @property
+    def learning_rate_global_batch(self) -> int | None:
+        """The global batch `learning_rate` is the square-root rule's rate for (it is `auto`), else None: an
+        execution that changes the instance type, count or batch size has train.py scale it by the same rule."""
+        batch = global_batch_size(self.instance_type, self.instance_count, self.batch_size, self.grad_accum)
+        return batch if self.learning_rate == scaled_learning_rate(batch) else None
+
+    @property
     def model_from_hub(self) -> bool:
         """A Hugging Face Hub model id (not staged from S3, not a folder on this machine)."""
         return not (self.model_id.startswith("s3://") or Path(self.model_id).is_dir())

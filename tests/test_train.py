@@ -195,6 +195,17 @@ def test_batch_order_is_a_pure_function_of_seed_and_epoch():
     assert train.pad_length(33, [32, 64, 128], 1) == 64 and train.pad_length(33, None, 8) == 40
 
 
+def test_an_auto_learning_rate_follows_the_global_batch_of_the_run():
+    """training.learning_rate auto is set for the config's global batch; an execution at another instance type,
+    count or batch size trains at the square-root rule's rate for its own."""
+    from pipeline.devices import scaled_learning_rate
+
+    train = load_train_module()
+    assert train.scaled_rate(scaled_learning_rate(4096), 4096, 32) == pytest.approx(scaled_learning_rate(32))
+    assert train.scaled_rate(1e-4, 0, 32) == 1e-4  # set by hand: as given
+    assert train.scaled_rate(1e-4, 512, 512) == 1e-4
+
+
 def test_resume_skips_incomplete_and_truncated_checkpoints(tmp_path):
     train = load_train_module()
     train.save_checkpoint(tmp_path, 5, {"step": 5})

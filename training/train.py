@@ -118,6 +118,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="per device")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--lr-global-batch", type=int, default=0,
+                   help="the global batch --learning-rate is set for (training.learning_rate auto): a run at another "
+                        "one (an execution's instance type, count or batch size) scales it by the square-root rule; "
+                        "0: the rate as given")
     p.add_argument("--warmup-ratio", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
@@ -485,6 +489,14 @@ class BatchTokens:
     @classmethod
     def of(cls, lengths: np.ndarray, pad_to: int) -> "BatchTokens":
         return cls(int(lengths.sum()), len(lengths) * pad_to, int((lengths.astype(np.int64) ** 2).sum()))
+
+
+def scaled_rate(learning_rate: float, for_global_batch: int, global_batch: int) -> float:
+    """`learning_rate`, set for `for_global_batch` samples per step (0: as given), at `global_batch` by the
+    square-root rule that training.learning_rate auto follows (pipeline/devices.py)."""
+    if not for_global_batch or global_batch == for_global_batch:
+        return learning_rate
+    return learning_rate * math.sqrt(global_batch / for_global_batch)
 
 
 def model_flops(config, real_tokens: float, squares: float) -> float:
@@ -865,6 +877,12 @@ def main(argv: list[str] | None = None) -> None:
     warmup_steps = int(args.warmup_ratio * total_steps)
 
     # model, optimizer, schedule
+    global_batch = args.batch_size * rt.world_size * args.grad_accum
+    learning_rate = scaled_rate(args.learning_rate, args.lr_global_batch, global_batch)
+    if learning_rate != args.learning_rate:
+        rt.log(f"learning rate {args.learning_rate:.3g} is set for global batch {args.lr_global_batch}; at this "
+               f"run's {global_batch}: {learning_rate:.3g} (square-root rule)")
+        args.learning_rate = learning_rate  # what the stats and the tracked parameters report
     model = load_model(args.model_id, rt, args.seed)
     raw_model = model
     decay = [p for p in model.parameters() if p.ndim >= 2]
