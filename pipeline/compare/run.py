@@ -49,8 +49,9 @@ def latest_tokenized(aws: Aws, cfg: Config, definition: dict, scan: int = 20) ->
 def start(aws: Aws, cfg: Config, planned: Plan) -> list[str]:
     """Upload the training code (content-hashed, skipped when present) and create the jobs; return their names."""
     from pipeline.records import Upserted
-    from pipeline.sagemaker.upsert import upload_code  # lazily: the CLI imports compare for every command
+    from pipeline.sagemaker.upsert import check_model_reachable, upload_code  # lazily: the CLI imports compare
 
+    check_model_reachable(cfg)
     upload_code(cfg, aws, Upserted(action="", pipeline_arn=""))
     names = []
     for request in planned.requests:
