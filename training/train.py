@@ -560,8 +560,8 @@ def save_checkpoint(checkpoint_dir: Path, step: int, state: dict, keep: Path | N
     newer slot that failed to load may look newer, and overwriting the good one would leave nothing if this save is
     cut short too."""
     used = {slot.name: s for s, slot in complete_checkpoints(checkpoint_dir)}
-    names = [f"{SLOT_PREFIX}{k}" for k in range(KEEP_CHECKPOINTS) if keep is None or f"{SLOT_PREFIX}{k}" != keep.name]
-    slot = checkpoint_dir / min(names, key=lambda n: used.get(n, -1))
+    names = [f"{SLOT_PREFIX}{k}" for k in range(KEEP_CHECKPOINTS)]
+    slot = checkpoint_dir / min((n for n in names if keep is None or n != keep.name), key=lambda n: used.get(n, -1))
     slot.mkdir(parents=True, exist_ok=True)
     (slot / MARKER).unlink(missing_ok=True)
     torch.save(state, slot / "checkpoint.pt")

@@ -17,6 +17,7 @@ from pipeline.config import Config
 from pipeline.errors import UserError
 from pipeline.sagemaker.aws import explain
 from pipeline.sagemaker.triggers import rule_name
+from steps.deploy.sagemaker_endpoints import missing
 
 TEMPLATE = PROJECT_ROOT / "infra" / "template.yaml"
 CAPABILITIES = ["CAPABILITY_IAM"]  # the roles get generated names: no CAPABILITY_NAMED_IAM
@@ -307,13 +308,6 @@ def _group_versions(sm: Any, group: str) -> int:
         raise BootstrapError(explain(e, f"list the versions of model package group {group}")) from None
 
 
-def _gone(error: ClientError) -> bool:
-    """SageMaker's answer for a resource deleted since it was listed or named (an endpoint whose config or model
-    was deleted under it): ValidationException "Could not find ..."."""
-    answer = error.response.get("Error", {})
-    return answer.get("Code") == "ValidationException" and "Could not find" in answer.get("Message", "")
-
-
 def _endpoints_using(sm: Any, role: str) -> list[str]:
     """The endpoints of the region whose models run as `role` (an endpoint, config or model deleted meanwhile, or
     a model deleted under a running endpoint, cannot be told: passed over)."""
@@ -325,7 +319,7 @@ def _endpoints_using(sm: Any, role: str) -> list[str]:
             try:
                 with_role[model] = sm.describe_model(ModelName=model).get("ExecutionRoleArn") == role
             except ClientError as e:
-                if not _gone(e):
+                if not missing(e):
                     raise
                 with_role[model] = False
         return with_role[model]
@@ -338,7 +332,7 @@ def _endpoints_using(sm: Any, role: str) -> list[str]:
                     config = sm.describe_endpoint(EndpointName=name).get("EndpointConfigName", "")
                     variants = sm.describe_endpoint_config(EndpointConfigName=config).get("ProductionVariants", [])
                 except ClientError as e:
-                    if not _gone(e):
+                    if not missing(e):
                         raise
                     continue
                 if any(runs_as_role(v["ModelName"]) for v in variants if v.get("ModelName")):

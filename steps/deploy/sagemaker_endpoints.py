@@ -62,7 +62,7 @@ def _error_code(error: Exception) -> tuple[str, str]:
     return err.get("Code", ""), err.get("Message", "")
 
 
-def _missing(error: Exception) -> bool:
+def missing(error: Exception) -> bool:
     """True for SageMaker's "Could not find ..." (a ValidationException) or a ResourceNotFound."""
     code, message = _error_code(error)
     return code in ("ResourceNotFound", "ResourceNotFoundException") or (
@@ -80,7 +80,7 @@ def describe(call: Any, **kwargs: Any) -> dict | None:
     try:
         return call(**kwargs)
     except Exception as e:  # botocore.exceptions.ClientError, imported lazily by boto3
-        if _missing(e):
+        if missing(e):
             return None
         raise
 

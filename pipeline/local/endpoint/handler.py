@@ -152,15 +152,14 @@ def _default_output_fn(prediction: Any, accept: str) -> str:
 def _handler_error(exc: Exception, stage: str) -> EndpointError:
     """A handler exception as the answer: 400 ModelError as the toolkit gives; a JSON message {"error", "detail"}
     (training/inference.py's InferenceError) names the error in the body."""
-    status = 400
     try:
         named = json.loads(str(exc))
     except ValueError:
         named = None
     if isinstance(named, dict) and isinstance(named.get("error"), str):
         detail = str(named.get("detail", ""))
-        return EndpointError(status, "ModelError", f"{named['error']}: {detail}", detail, error=named["error"])
-    return EndpointError(status, "ModelError", f"{stage} failed: {type(exc).__name__}: {exc}", str(exc))
+        return EndpointError(400, "ModelError", f"{named['error']}: {detail}", detail, error=named["error"])
+    return EndpointError(400, "ModelError", f"{stage} failed: {type(exc).__name__}: {exc}", str(exc))
 
 
 class LoadedModel:
