@@ -204,6 +204,17 @@ def test_bad_input_is_a_documented_4xx(served, body: str, content_type: str, sta
     assert message["error"] == error and message["detail"]
 
 
+@pytest.mark.parametrize(("body", "detail"), [
+    ('{"inputs": ["fine", 3]}', 'inputs[1] is a number: expected a string or {"text": str, "text_pair": str}'),
+    ('{"inputs": [null]}', 'inputs[0] is null: expected a string or {"text": str, "text_pair": str}'),
+    ('{"inputs": {"a": 1}}', "inputs must be a string or an array, not an object"),
+])
+def test_an_invalid_input_is_named_by_its_json_type(served, body: str, detail: str) -> None:
+    with pytest.raises(h.InferenceError) as raised:
+        call(served, body, "application/json")
+    assert json.loads(str(raised.value))["detail"] == detail
+
+
 def test_invalid_utf8_and_unsupported_accept(served) -> None:
     with pytest.raises(h.InferenceError) as raised:
         h.input_fn(bytearray(b'{"inputs": "\xff"}'), "application/json; charset=utf-8")

@@ -339,13 +339,22 @@ def _texts_from_json(body: str) -> list[Text]:
     if isinstance(payload, str) or isinstance(payload, dict) and set(payload) == pair:
         payload = [payload]  # one review, or one pair (as Hugging Face's text-classification pipeline takes it)
     if not isinstance(payload, list):
-        raise InferenceError(400, "InvalidInput", f"inputs must be a string or a list, not {type(payload).__name__}")
+        raise InferenceError(400, "InvalidInput", f"inputs must be a string or an array, not {json_type(payload)}")
     for i, item in enumerate(payload):
         if not (isinstance(item, str) or isinstance(item, dict) and set(item) == pair
                 and all(isinstance(v, str) for v in item.values())):
-            raise InferenceError(400, "InvalidInput", f"inputs[{i}] is a {type(item).__name__}: expected a string "
+            raise InferenceError(400, "InvalidInput", f"inputs[{i}] is {json_type(item)}: expected a string "
                                  'or {"text": str, "text_pair": str}')
     return [item if isinstance(item, str) else _pair(item["text"], item["text_pair"]) for item in payload]
+
+
+def json_type(value: Any) -> str:
+    """How JSON names a parsed value's type, for error messages ("a number", "an object", "null")."""
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+             dict: "an object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _pair(title: str, content: str) -> Text:
