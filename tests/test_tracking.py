@@ -6,6 +6,7 @@ test_local_e2e.py."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -79,6 +80,80 @@ def test_train_and_evaluate_log_to_one_run_of_a_tracking_server(mlflow_server, c
     assert "warning" not in capsys.readouterr().err
     other, _ = log_two_steps(env(mlflow_server, execution="exec-2"))
     assert other != train  # another execution, another run
+
+
+def test_nan_infinite_values_and_a_long_curve_reach_a_server_whole(mlflow_server, capsys):
+    """A NaN or infinite metric is sent as protobuf JSON spells it, and a curve longer than one LogBatch request
+    takes (1000 entities, 100 params and tags) is split: the server keeps every point, param and tag."""
+    from mlflow.tracking import MlflowClient
+
+    curve = [(step, 1.0 / step) for step in range(1, 2502)]
+    params = {f"p{i}": i for i in range(150)}
+    tracker = tracking.Tracker("Train", env(mlflow_server, execution="exec-long"))
+    tracker.log(metrics={"eval_auc": float("nan"), "big": float("inf"), "small": float("-inf"), "ok": 0.5},
+                params=params, tags={"t": "x"}, curves={"train_loss": [(0, float("nan")), *curve]})
+    tracker.finish()
+    assert "warning" not in capsys.readouterr().err
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.data.params == {k: str(v) for k, v in params.items()}
+    assert run.data.tags["t"] == "x" and run.data.metrics["ok"] == 0.5
+    assert math.isnan(run.data.metrics["eval_auc"]) and run.data.metrics["big"] > 1e300
+    assert run.data.metrics["small"] < -1e300
+    history = sorted((m.step, m.value) for m in client.get_metric_history(tracker.run_id, "train_loss"))
+    assert len(history) == 2502 and history[1:] == curve and math.isnan(history[0][1])
+
+
+@pytest.mark.parametrize("points", [0, 1, 999, 1000, 1001, 2500])
+@pytest.mark.parametrize(("params", "tags"), [(0, 0), (1, 1), (99, 2), (150, 60)])
+def test_a_batch_is_split_within_log_batch_limits_and_keeps_every_entity(points, params, tags):
+    split = tracking.batches(list(range(points)), [f"p{i}" for i in range(params)], [f"t{i}" for i in range(tags)])
+    assert all(len(m) + len(p) + len(t) <= 1000 and len(p) + len(t) <= 100 for m, p, t in split)
+    assert [x for m, _, _ in split for x in m] == list(range(points))
+    assert [x for _, p, _ in split for x in p] == [f"p{i}" for i in range(params)]
+    assert [x for _, _, t in split for x in t] == [f"t{i}" for i in range(tags)]
+
+
+def test_a_refused_request_is_one_warning_with_the_servers_reason(mlflow_server, capsys):
+    tracker = tracking.Tracker("Train", env(mlflow_server, execution="exec-refused"))
+    tracker.log(params={"learning_rate": 1})
+    tracker.log(params={"learning_rate": 2})  # MLflow refuses to change a param
+    assert not tracker.enabled
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert "HTTP Error 400" in warning and "INVALID_PARAMETER_VALUE" in warning
+
+
+def test_a_failing_evaluate_marks_the_run_failed(mlflow_server, tmp_path):
+    """The Evaluate step's failure (here: no model) ends the execution's run FAILED, not RUNNING for ever."""
+    from mlflow.tracking import MlflowClient
+
+    train = tracking.Tracker("Train", env(mlflow_server, execution="exec-failed"))
+    train.log(metrics={"test_accuracy": 0.5})
+    done = subprocess.run([sys.executable, "-m", "steps.evaluation", "--model-dir", str(tmp_path / "none"),
+                           "--test-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **env(mlflow_server, execution="exec-failed")})
+    assert done.returncode == 1 and "evaluate failed" in done.stderr
+    assert MlflowClient(mlflow_server).get_run(train.run_id).info.status == "FAILED"
+
+
+def test_runs_and_the_version_tag_reach_a_managed_server_by_its_arn(mlflow_server, tmp_path):
+    """`runs` and the registered version's tag through the sagemaker-mlflow plugin, which signs for the process's
+    tracking URI: the CLI sets it to the ARN (the plugin's custom endpoint stands in for AWS)."""
+    from mlflow.tracking import MlflowClient
+
+    train, _ = log_two_steps({**env(mlflow_server, execution="exec-arn"), contract.EXPERIMENT_ENV: "trainium-bert"})
+    aws = {**os.environ, "SAGEMAKER_MLFLOW_CUSTOM_ENDPOINT": mlflow_server, "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+           "AWS_SECRET_ACCESS_KEY": "secret", "AWS_DEFAULT_REGION": "us-east-1", "MLFLOW_TRACKING_URI": ""}
+    listed = subprocess.run([sys.executable, "-m", "pipeline", "--set", f"tracking.server_arn={ARN}", "runs"],
+                            capture_output=True, text=True, cwd=ROOT, env={**aws, "COLUMNS": "200"})
+    assert listed.returncode == 0, listed.stderr
+    assert "exec-arn" in listed.stdout
+    code = (f"from pipeline.tracking.store import tag_version\n"
+            f"print(tag_version({ARN!r}, {train!r}, 7, 'arn:aws:sagemaker:us-east-1:1:model-package/g/7'))")
+    tagged = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=aws)
+    assert tagged.stdout.strip() == "None", tagged.stdout + tagged.stderr
+    assert MlflowClient(mlflow_server).get_run(train).data.tags["model_version"] == "7"
 
 
 def test_a_local_store_needs_no_server(tmp_path):

@@ -12,13 +12,17 @@ The step's environment says where (the definition sets it, the local runner poin
 
 A server (ARN or URL) is spoken to over MLflow's REST API with the standard library alone (an ARN's requests are
 signed with SigV4 by botocore, as the sagemaker-mlflow plugin signs them), so nothing is installed into the
-images. A local store needs the `mlflow` library. Tracking never fails a step: the first error disables it with
-one warning, and the step's own files keep every value.
+images; a batch is split within the server's LogBatch limits and a NaN or infinite value is sent as protobuf JSON
+spells it ("NaN", "Infinity"), as MLflow's own client does. A local store needs the `mlflow` library. Tracking
+never fails a step: the first error disables it with one warning (with the server's reason), and the step's own
+files keep every value. A step that fails marks the execution's run FAILED.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -42,10 +46,37 @@ TRAINING_JOB_ENV = "TRAINING_JOB_NAME"
 PROCESSING_JOB_CONFIG = "/opt/ml/config/processingjobconfig.json"
 PIPELINE_JOB = re.compile(r"^pipelines-([a-z0-9]+)-")  # the names SageMaker Pipelines gives its steps' jobs
 ARN_HEADER = "x-mlflow-sm-tracking-server-arn"  # names the tracking server, as sagemaker-mlflow sends it
+# one LogBatch request's limits (mlflow.utils.validation: MAX_ENTITIES_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH)
+BATCH_ITEMS = 1000
+BATCH_PARAMS_TAGS = 100
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def json_double(value: float) -> float | str:
+    """A double as protobuf's JSON mapping writes it: NaN and the infinities as strings (a bare NaN token is not
+    JSON, and MLflow's server drops the rest of a request it cannot parse)."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+
+
+def batches(metrics: list, params: list, tags: list) -> list[tuple[list, list, list]]:
+    """The (metrics, params, tags) of one logging call split into requests within LogBatch's limits: at most 100
+    params and tags, 1000 entities in all (as MLflow's client splits them); params and tags first."""
+    keyed = [("p", p) for p in params] + [("t", t) for t in tags]
+    out = []
+    for i in range(0, len(keyed), BATCH_PARAMS_TAGS):
+        chunk = keyed[i:i + BATCH_PARAMS_TAGS]
+        out.append(([], [v for kind, v in chunk if kind == "p"], [v for kind, v in chunk if kind == "t"]))
+    first_room = BATCH_ITEMS - (len(out[-1][1]) + len(out[-1][2]) if out else 0)
+    if out and metrics:
+        out[-1][0].extend(metrics[:first_room])
+        metrics = metrics[first_room:]
+    out += [(metrics[i:i + BATCH_ITEMS], [], []) for i in range(0, len(metrics), BATCH_ITEMS)]
+    return out or [([], [], [])]
 
 
 class RestStore:
@@ -61,20 +92,25 @@ class RestStore:
         self.base = base.rstrip("/") + "/api/2.0/mlflow/"
 
     def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
-        url = self.base + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        url = self.base + path + (f"?{urllib.parse.urlencode(query, quote_via=urllib.parse.quote)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         headers = {**self.headers, "Content-Type": "application/json"}
         if self.region:
             headers = self._signed(method, url, data, headers)
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            return json.loads(response.read() or b"{}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as e:  # the server's reason (MLflow's JSON error) into the one warning
+            e.msg = f"{e.msg}: {e.read()[:300].decode(errors='replace')}"
+            raise
 
     def _signed(self, method: str, url: str, data: bytes | None, headers: dict) -> dict:
         import botocore.session
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
+        headers = {**headers, "X-Amz-Content-SHA256": hashlib.sha256(data or b"").hexdigest()}  # as sagemaker-mlflow
         request = AWSRequest(method=method, url=url, data=data or b"", headers=headers)
         SigV4Auth(botocore.session.get_session().get_credentials(), "sagemaker-mlflow", self.region).add_auth(request)
         return dict(request.headers.items())
@@ -101,15 +137,15 @@ class RestStore:
     def log_batch(self, run_id: str, metrics: list[tuple[str, float, int]], params: dict[str, str],
                   tags: dict[str, str]) -> None:
         now = _now_ms()
-        self._call("POST", "runs/log-batch", {
-            "run_id": run_id,
-            "metrics": [{"key": k, "value": v, "timestamp": now, "step": s} for k, v, s in metrics],
-            "params": [{"key": k, "value": v} for k, v in params.items()],
-            "tags": [{"key": k, "value": v} for k, v in tags.items()],
-        })
+        for points, keyed, tagged in batches(
+                [{"key": k, "value": json_double(v), "timestamp": now, "step": s} for k, v, s in metrics],
+                [{"key": k, "value": v} for k, v in params.items()],
+                [{"key": k, "value": v} for k, v in tags.items()]):
+            self._call("POST", "runs/log-batch", {"run_id": run_id, "metrics": points, "params": keyed,
+                                                  "tags": tagged})
 
-    def finish(self, run_id: str) -> None:
-        self._call("POST", "runs/update", {"run_id": run_id, "status": "FINISHED", "end_time": _now_ms()})
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self._call("POST", "runs/update", {"run_id": run_id, "status": status, "end_time": _now_ms()})
 
 
 class LibraryStore:
@@ -143,8 +179,8 @@ class LibraryStore:
                               params=[Param(k, v) for k, v in params.items()],
                               tags=[RunTag(k, v) for k, v in tags.items()])
 
-    def finish(self, run_id: str) -> None:
-        self.client.set_terminated(run_id, "FINISHED")
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status)
 
 
 def open_store(uri: str, timeout: float) -> RestStore | LibraryStore:
@@ -224,3 +260,14 @@ class Tracker:
                 self.store.finish(self.run_id)
             except Exception as e:
                 self._off(f"{type(e).__name__}: {str(e)[:200]}")
+
+    def fail(self) -> None:
+        """Mark the execution's run FAILED, if it has one (a failing step calls it; no run is created for it)."""
+        if not self.enabled:
+            return
+        try:
+            run_id = self.run_id or self.store.find_run(self.store.experiment_id(self.experiment), self.execution)
+            if run_id:
+                self.store.finish(run_id, "FAILED")
+        except Exception as e:
+            self._off(f"{type(e).__name__}: {str(e)[:200]}")

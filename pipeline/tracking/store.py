@@ -54,13 +54,18 @@ class RunRow:
 
 
 def client(uri: str) -> Any:
-    """An MlflowClient of `uri`, quiet (MLflow logs each schema migration of a new local store)."""
+    """An MlflowClient of `uri`, quiet (MLflow logs each schema migration of a new local store). For an ARN, `uri`
+    also becomes the process's tracking URI: the sagemaker-mlflow plugin signs each request for that one, not for
+    the client's."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    import mlflow
     from mlflow.tracking import MlflowClient
 
+    if uri.startswith("arn:"):
+        mlflow.set_tracking_uri(uri)
     return MlflowClient(uri)
 
 

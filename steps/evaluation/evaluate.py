@@ -379,11 +379,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the step; exit status 1 with a one-line message on a missing, unreadable or inconsistent input."""
+    """Run the step; exit status 1 with a one-line message on a missing, unreadable or inconsistent input (and the
+    execution's MLflow run marked FAILED)."""
     args = parse_args(argv)
     try:
         evaluation_tracking.log(run(args), args, Path(args.output_dir) / REPORT_FILE)
-    except StepError as e:
+    except BaseException as e:  # the execution's run ends FAILED, whatever ended the step
+        evaluation_tracking.failed()
+        if not isinstance(e, StepError):
+            raise
         print(f"evaluate failed: {e}", file=sys.stderr)
         return 1
     return 0

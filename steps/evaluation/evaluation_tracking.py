@@ -32,3 +32,8 @@ def log(result: dict[str, Any], args: argparse.Namespace, report: Path) -> None:
     tracker.finish()
     result["tracking"] = {"run_id": tracker.run_id or tracking.UNTRACKED, "experiment": tracker.experiment}
     report.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def failed() -> None:
+    """Mark the execution's run FAILED (the Train step made it; best effort, see tracking.py)."""
+    tracking.Tracker("Evaluate").fail()
