@@ -62,6 +62,7 @@ class Data(Section):
     validation_share: float = Field(default=0.05, gt=0, lt=1)
     max_bad_share: float = Field(default=0.01, ge=0, le=1)
     max_rows_per_split: int | None = Field(default=None, gt=0)
+    immutable: bool = False  # an S3 source whose files never change: Tokenize may be a step-cache hit
 
     @property
     def is_s3(self) -> bool:

@@ -10,6 +10,7 @@ and code: step code lives at content-hashed S3 keys (see `pipeline.code`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -76,8 +77,8 @@ class Steps(StepParts):
                     "--max-rows-per-split": str(rows) if rows else None,
                 }),
             ),
-            cache_config=self.cache,
-            retry_policies=self.retry,
+            cache_config=self.cache if cfg.data.immutable or not cfg.data.is_s3 else None,  # SageMaker's cache key
+            retry_policies=self.retry,  # holds the InputData URI, not the files under it: new files would be missed
         )
 
     # 2. Train: torchrun via the DLC's own launcher, one process per NeuronCore; it also scores the test split.
@@ -135,10 +136,17 @@ class Steps(StepParts):
         no checkpoints."""
         from sagemaker.core.shapes import OutputDataConfig, StoppingCondition, Tag
         from sagemaker.core.training.configs import CheckpointConfig, Compute, InputData, Networking
-        from sagemaker.core.workflow import ExecutionVariables, Join
+        from sagemaker.core.workflow import Join
         from sagemaker.train import ModelTrainer
 
         cfg, training, vpc = self.cfg, self.cfg.training, self.cfg.aws.vpc
+        environment = {
+            "NEURON_COMPILE_CACHE_URL": cfg.compile_cache_s3_uri,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            **TRAINING_ENVIRONMENT,
+            **self.hub_offline,
+            **({"RUN_NEURON_PARALLEL_COMPILE": "1"} if precompile else self.tracking()),
+        }
         channels = [InputData(channel_name=name, data_source=self.output(tokenize, name)) for name in contract.SPLITS]
         if self.staged_model:
             channels.append(InputData(channel_name="model", data_source=training.model_id))
@@ -164,19 +172,30 @@ class Steps(StepParts):
                 s3_output_path=Join(on="/", values=[*self.run_prefix, "model"]), kms_key_id=cfg.aws.kms_key_id
             ),
             checkpoint_config=None if precompile else CheckpointConfig(
-                s3_uri=Join(on="/", values=[cfg.checkpoint_s3_uri, ExecutionVariables.PIPELINE_EXECUTION_ID]),
-                local_path=contract.CHECKPOINT_DIR,
+                s3_uri=self.checkpoints(tokenize, environment), local_path=contract.CHECKPOINT_DIR,
             ),
-            environment={
-                "NEURON_COMPILE_CACHE_URL": cfg.compile_cache_s3_uri,
-                "HF_HUB_DISABLE_TELEMETRY": "1",
-                **TRAINING_ENVIRONMENT,
-                **self.hub_offline,
-                **({"RUN_NEURON_PARALLEL_COMPILE": "1"} if precompile else self.tracking()),
-            },
+            environment=environment,
             hyperparameters=self.precompile_hyperparameters() if precompile else self.hyperparameters(),
             tags=[Tag(key=tag["Key"], value=tag["Value"]) for tag in self.tags] or None,
         ).with_metric_definitions([dict(metric) for metric in contract.METRIC_DEFINITIONS])
+
+    def checkpoints(self, tokenize: ProcessingStep, environment: dict[str, str]) -> Any:
+        """Train's checkpoint folder in S3: one per training that SageMaker's step cache tells apart, and nothing per
+        execution. CheckpointConfig is one of Train's cache key attributes: with the execution id in it, Train would
+        never be a cache hit on AWS. It names what the rest of the key holds: a digest of everything fixed (image,
+        code, environment, the fixed hyperparameters, the model), the Tokenize job whose data it trains on, and the
+        parameters the hyperparameters take. A retried execution resumes from its folder; a training the cache
+        would not reuse never does."""
+        from sagemaker.core.workflow import Join
+
+        hyperparameters = self.hyperparameters()
+        fixed = {k: v for k, v in hyperparameters.items() if isinstance(v, str)}
+        digest = hashlib.sha256(json.dumps([self.cfg.image("training"), self.cfg.training.model_id, fixed, environment],
+                                           sort_keys=True).encode()).hexdigest()[:16]
+        varying = [hyperparameters[k] for k in sorted(hyperparameters) if not isinstance(hyperparameters[k], str)]
+        unwrapped = [v.values[0] if isinstance(v, Join) and len(v.values) == 1 else v for v in varying]  # to_string()
+        return Join(on="/", values=[self.cfg.checkpoint_s3_uri, digest, tokenize.properties.ProcessingJobName,
+                                    *unwrapped])
 
     def tracking(self) -> dict[str, Any]:
         """The MLflow environment of Train and Evaluate (training/tracking.py): the tracking server (none on AWS without

@@ -21,15 +21,9 @@ from pipeline.definition import PRECOMPILE_HYPERPARAMETERS, definition
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "definition.json"
-EXECUTION_VARIABLES = {
-    "PipelineExecutionId",
-    "PipelineExecutionArn",
-    "PipelineName",
-    "PipelineArn",
-    "ExecutionStartTime",
-    "CurrentDateTime",
-    "PipelineExecutionDisplayName",
-}
+# the execution variables the SDK writes (sagemaker.core.workflow.execution_variables.ExecutionVariables)
+EXECUTION_VARIABLES = {"PipelineExecutionId", "PipelineExecutionArn", "PipelineName", "PipelineArn", "StartDateTime",
+                       "CurrentDateTime", "TrainingJobName", "ProcessingJobName"}
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +146,15 @@ def test_training_step_runs_torchrun_in_the_neuronx_container(steps):
     )
     assert hps["epochs"] == {"Std:Join": {"On": "", "Values": [{"Get": "Parameters.Epochs"}]}}
     assert args["StoppingCondition"]["MaxRuntimeInSeconds"] == 86400
-    # One checkpoint prefix per execution: a spot restart resumes its own job, a new execution starts fresh.
-    assert args["CheckpointConfig"] == {
-        "LocalPath": "/opt/ml/checkpoints",
-        "S3Uri": {"Std:Join": {"On": "/", "Values": [
-            "s3://my-sagemaker-bucket/trainium-bert/checkpoints", {"Get": "Execution.PipelineExecutionId"}]}},
-    }
+    # One checkpoint prefix per training the step cache tells apart, nothing per execution: CheckpointConfig is a
+    # cache key attribute of a training step (an execution id there and Train is never a cache hit on AWS).
+    checkpoints = args["CheckpointConfig"]["S3Uri"]["Std:Join"]
+    assert checkpoints["On"] == "/" and checkpoints["Values"][0] == "s3://my-sagemaker-bucket/trainium-bert/checkpoints"
+    assert re.fullmatch(r"[0-9a-f]{16}", checkpoints["Values"][1])
+    assert checkpoints["Values"][2:] == [{"Get": "Steps.Tokenize.ProcessingJobName"}] + [
+        {"Get": f"Parameters.{name}"} for name in ("BatchSize", "Epochs", "LearningRate", "MaxLength",
+                                                   "TrainInstanceType")]
+
     assert (
         args["Environment"]["NEURON_COMPILE_CACHE_URL"] == "s3://my-sagemaker-bucket/trainium-bert/neuron-compile-cache"
     )
@@ -447,3 +444,24 @@ def test_a_vpc_without_internet_stages_wheels_model_and_data_from_s3():
     for environment in (tokenize["Environment"], train["Environment"], steps["Evaluate"]["Arguments"]["Environment"]):
         assert environment["HF_HUB_OFFLINE"] == "1"  # fail at once rather than wait on the Hub
     assert "wheels" in {i["InputName"] for i in steps["Evaluate"]["Arguments"]["ProcessingInputs"]}
+
+
+def test_no_cache_key_attribute_of_a_job_step_differs_per_execution(steps):
+    """SageMaker's step cache compares each job step's key attributes, resolved: an execution variable in one
+    (the execution id in a checkpoint folder, say) makes the step a cache miss in every execution."""
+    from pipeline.local.cache import KEY_ATTRIBUTES
+
+    for name, step in steps.items():
+        if step["Type"] in KEY_ATTRIBUTES:
+            keyed = {a: step["Arguments"].get(a) for a in KEY_ATTRIBUTES[step["Type"]]}
+            assert step["CacheConfig"]["Enabled"] and "Execution." not in json.dumps(keyed), name
+
+
+@pytest.mark.parametrize(("sets", "cached"), [([], True), (["data.source=s3://bucket/reviews/"], False),
+                                              (["data.source=s3://bucket/reviews/", "data.immutable=true"], True)])
+def test_tokenize_on_an_s3_source_is_cached_only_when_its_files_never_change(sets, cached, no_network_module):
+    """SageMaker's cache key holds the InputData URI, not the files under it: a new drop under the same prefix
+    would otherwise reuse the old splits."""
+    dag = json.loads(definition(load_config(ROOT / "pipeline.yaml", sets, environ={})))
+    tokenize = flatten_steps(dag["Steps"])["Tokenize"]
+    assert tokenize.get("CacheConfig", {}).get("Enabled", False) is cached

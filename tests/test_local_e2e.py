@@ -171,6 +171,8 @@ def test_the_run_is_one_mlflow_run_holding_what_the_step_files_hold(setup, capsy
     metrics, params, tags = run.data.metrics, run.data.params, run.data.tags
 
     hyperparameters = execution.steps["Train"].properties["HyperParameters"]
+    final = execution.steps["Train"].properties["FinalMetricDataList"]  # the job's MetricDefinitions over its log
+    assert final["test:accuracy"]["Value"] == pytest.approx(stats["test_accuracy"], abs=1e-3)
     for key in ("learning-rate", "batch-size", "epochs", "max-steps", "seed", "max-length", "log-interval"):
         assert params[key.replace("-", "_")] == hyperparameters[key], key
     assert params["world_size"] == "2" and params["learning_rate"] == "0.005"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.dag.selection import SelectionError, Source, check_retry, select
+from pipeline.local import runner as local_runner
 from pipeline.local.execution import Execution
 from pipeline.local.runner import LocalRunner
 from pipeline.local.storage import LocalS3
@@ -184,6 +185,65 @@ def test_cache_reuses_unchanged_steps_and_reruns_from_a_changed_parameter(root):
     assert (LocalS3(root).path(f"s3://bucket/run/{third.id}/C") / "result.txt").read_text() == "Av2;B;C;"
     run(root, use_cache=False)
     assert runs(root) == ["A", "B", "C"]
+
+
+def test_a_key_attribute_naming_the_execution_is_never_a_cache_hit_and_an_output_location_is(root):
+    """SageMaker's cache key is the step type's key attributes, resolved: the execution id in an output location
+    (not a key attribute) leaves the key alone; in the container's arguments it changes it every execution."""
+    run(root)
+    runs(root)
+    dag = definition(root / "runs.txt")
+    dag["Steps"][0]["Arguments"]["AppSpecification"]["ContainerArguments"] += [
+        "--value", {"Get": "Execution.PipelineExecutionId"}]
+    for _ in range(2):
+        LocalRunner(dag, "demo", root).run({})
+        assert runs(root)[0] == "A"
+
+
+def test_a_cache_entry_older_than_expire_after_is_a_miss(root):
+    run(root)
+    runs(root)
+    for entry in (root / "cache" / "demo").glob("*.json"):
+        properties = json.loads(entry.read_text())
+        properties["__cached_at"] -= 31 * 24 * 3600  # ExpireAfter is P30D
+        entry.write_text(json.dumps(properties))
+    second = run(root)
+    assert runs(root) == ["A", "B", "C"] and not second.steps["A"].cached
+
+
+@pytest.mark.parametrize(("text", "days"), [("P30D", 30), ("PT12H", 0.5), ("P1Y2M", 425), ("P2W", 14),
+                                           ("P1DT30M", 1 + 1 / 48), ("pt16m", 16 / 1440)])
+def test_expire_after_reads_iso_8601_durations(text, days):
+    from pipeline.local.cache import expire_after
+
+    assert expire_after(text).total_seconds() == pytest.approx(days * 86400)
+
+
+@pytest.mark.parametrize("text", ["30d", "P", "PT", "P1H", "P1DT"])
+def test_an_expire_after_that_is_not_a_duration_is_an_error(text):
+    from pipeline.local.cache import expire_after
+
+    with pytest.raises(ValueError, match="ISO 8601"):
+        expire_after(text)
+
+
+def test_a_job_step_names_its_own_job(root):
+    dag = definition(root / "runs.txt")
+    dag["Steps"][0]["Arguments"]["AppSpecification"]["ContainerArguments"] += [
+        "--value", {"Get": "Execution.ProcessingJobName"}]
+    execution = LocalRunner(dag, "demo", root).run({})
+    result = LocalS3(root).path(f"s3://bucket/run/{execution.id}/A") / "result.txt"
+    assert result.read_text().startswith("Aa-") and execution.status == "Succeeded"
+
+
+def test_a_fault_of_the_runner_fails_the_step_and_ends_the_execution(root, monkeypatch):
+    def broken(run):
+        raise KeyError("Expression")
+
+    monkeypatch.setitem(local_runner.EXECUTORS, "Processing", broken)
+    execution = run(root)
+    assert execution.status == "Failed" and statuses(execution)["A"] == "Failed"
+    assert execution.steps["A"].reason == "the local runner failed: KeyError: 'Expression'"
 
 
 def test_a_failing_step_stops_its_dependents_and_reports_the_reason(root):

@@ -103,8 +103,9 @@ def test_an_interrupted_training_resumes_on_retry_and_a_fixed_evaluate_reruns_al
     assert {n: r.status for n, r in stopped.steps.items() if n in ("Tokenize", "Train", "Evaluate")} == {
         "Tokenize": "Succeeded", "Train": "Stopped", "Evaluate": "NotStarted"
     }
-    checkpoints = account.s3.path(f"{account.cfg.checkpoint_s3_uri}/{stopped.id}")
-    assert list(checkpoints.glob("slot-*/COMPLETE"))  # kept, keyed by the execution id, for the retry
+    checkpoints = account.s3.path(account.cfg.checkpoint_s3_uri)
+    (kept,) = {marker.parent.parent for marker in checkpoints.rglob("slot-*/COMPLETE")}  # kept for the retry, in
+    assert stopped.id not in str(kept)  # the training's folder (CheckpointConfig is a cache key attribute)
     folder = account.layout.execution(account.pipeline, stopped.id)
 
     code, out = cli(capsys, *local(sets, "retry"))  # Train resumes, then Evaluate fails on the bad code object
@@ -117,7 +118,7 @@ def test_an_interrupted_training_resumes_on_retry_and_a_fixed_evaluate_reruns_al
     resumed = int(re.search(r"resumed from checkpoint at step=(\d+)", Path(train.log).read_text()).group(1))
     assert 2 <= resumed < 60
     assert "resumed from checkpoint" not in (folder / "Train.log").read_text()
-    assert not checkpoints.exists() and not (folder / "Train" / "opt_ml" / "checkpoints").exists()  # cleaned
+    assert not kept.exists() and not (folder / "Train" / "opt_ml" / "checkpoints").exists()  # cleaned
     assert first.steps["Tokenize"].attempts == 1
     assert (first.steps["Evaluate"].status, first.steps["Evaluate"].attempts) == ("Failed", 1)
     assert "broken on purpose" in first.steps["Evaluate"].reason

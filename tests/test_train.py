@@ -340,6 +340,27 @@ def test_checkpoints_also_on_the_clock(workspace, tmp_path):
     assert [step for step, _ in load_train_module().complete_checkpoints(tmp_path / "checkpoints")] == [3, 6]
 
 
+def test_a_training_given_the_folder_of_a_finished_one_starts_afresh(tmp_path):
+    """The Train step's checkpoint folder is per training, not per execution: a later job with the same folder (a
+    cache that expired, a local --no-cache run) trains from step 0, and the finished training's slots are stale."""
+    train = load_train_module()
+    folder = tmp_path / "checkpoints"
+    train.save_checkpoint(folder, 5, {"step": 5})
+    train.mark_training(folder, "running")
+    assert not train.finished_before(folder) and train.load_latest_checkpoint(folder)[0]["step"] == 5  # resumes
+    train.mark_training(folder, "finished")
+    assert train.finished_before(folder)
+    train.mark_training(folder, "running", stale_slots=True)  # what the next job does
+    assert train.load_latest_checkpoint(folder) is None and not train.finished_before(folder)
+    assert (folder / "slot-0" / "COMPLETE").exists()  # rewritten, not deleted: S3's copy would come back
+
+
+def test_a_finished_training_marks_its_folder_finished(workspace, runs):
+    out = workspace / "interrupted"
+    assert (out / "checkpoints" / "TRAINING").read_text() == "finished\n"
+    assert "resumed from checkpoint" in runs["resumed"] and "starting afresh" not in runs["resumed"]
+
+
 def test_native_backend_takes_the_shared_loop_on_device_neuron():
     """--backend native: device "neuron" where TorchNeuron is the accelerator (faked here), with the CUDA/CPU loop's
     DDP and torch.compile, Neuron's compiler backend over fixed length buckets; refused in one line without it."""

@@ -29,7 +29,9 @@ the step, size and SHA-256. Fixed names keep the S3 copy bounded: SageMaker's ch
 changed files but never deletes in S3 what is deleted here, so new names per step would pile up there. A start
 resumes from the newest slot whose file matches its marker and skips the batches that step consumed, so an
 interrupted and resumed run ends with the same weights as an uninterrupted one (exactly, on CPU). After a SIGTERM
-checkpoint the script exits with 143.
+checkpoint the script exits with 143. A finished training writes ``TRAINING`` = finished beside the slots: a later
+job given the same folder (the Train step's folder is per training, not per execution) starts afresh and marks the
+old slots stale (rewritten, not deleted, for the same reason).
 
 Timing. The first --log-interval steps are the warm-up (compilation, allocator and data-loader start); the
 stats report the steady-state rate of the later intervals and the seconds the warm-up took beyond that rate
@@ -84,6 +86,7 @@ ID2LABEL = {0: "negative", 1: "positive"}
 LABEL2ID = {name: i for i, name in ID2LABEL.items()}
 SLOT_PREFIX = "slot-"
 MARKER = "COMPLETE"
+TRAINING_STATE = "TRAINING"  # "finished" once a training in this folder ended, "running" while one goes on
 KEEP_CHECKPOINTS = 2
 BATCHES_PER_MEGABATCH = 64
 STATS_FILE = "training_stats.json"
@@ -572,6 +575,25 @@ def save_checkpoint(checkpoint_dir: Path, step: int, state: dict, keep: Path | N
     return slot
 
 
+def finished_before(checkpoint_dir: Path) -> bool:
+    """Whether a training in this folder already finished (its checkpoints are not this one's to resume)."""
+    try:
+        return (checkpoint_dir / TRAINING_STATE).read_text().strip() == "finished"
+    except OSError:
+        return False
+
+
+def mark_training(checkpoint_dir: Path, state: str, stale_slots: bool = False) -> None:
+    """Write the folder's training state; `stale_slots`: also rewrite every slot's marker so that no slot of a
+    finished training is resumed (rewritten, not deleted: SageMaker's sync would bring a deleted file back)."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    if stale_slots:
+        for slot in checkpoint_dir.glob(f"{SLOT_PREFIX}*"):
+            if (slot / MARKER).exists():
+                (slot / MARKER).write_text(json.dumps({"stale": "the checkpoint of a finished training"}))
+    (checkpoint_dir / TRAINING_STATE).write_text(state + "\n")
+
+
 def load_latest_checkpoint(checkpoint_dir: Path) -> tuple[dict, Path] | None:
     """The newest checkpoint whose file matches its marker (size and SHA-256) and loads, and its slot; else None."""
     for step, slot in reversed(complete_checkpoints(checkpoint_dir)):
@@ -900,7 +922,13 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     step = resumed_from = 0
-    loaded = load_latest_checkpoint(checkpoint_dir)
+    fresh = finished_before(checkpoint_dir)  # every rank reads it before rank 0 rewrites it
+    loaded = None if fresh else load_latest_checkpoint(checkpoint_dir)
+    rt.barrier("training state")
+    if rt.master:
+        mark_training(checkpoint_dir, "running", stale_slots=fresh)
+    if fresh:
+        rt.log("the checkpoints here are of a finished training: starting afresh")
     state, good_slot = loaded if loaded is not None else (None, None)
     if state is not None:
         if state["world_size"] != rt.world_size:
@@ -1032,6 +1060,7 @@ def main(argv: list[str] | None = None) -> None:
             write_predictions(Path(args.model_dir) / PREDICTIONS_FILE, test, margins["test"])
         rt.log(f"saved model to {args.model_dir}")
         track(args, rt, stats)
+        mark_training(checkpoint_dir, "finished")
     rt.close()
 
 

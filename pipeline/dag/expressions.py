@@ -61,7 +61,8 @@ def _get(reference: str, ctx: Context, where: str) -> Any:
     if kind == "Execution":
         if rest not in ctx.execution:
             raise ExpressionError(f"{where}: unsupported execution variable {{'Get': {reference!r}}}")
-        return ctx.execution[rest]
+        value = ctx.execution[rest]
+        return value() if callable(value) else value  # CurrentDateTime: the time it is read
     if kind == "Steps":
         step, _, path = rest.partition(".")
         if path.startswith("PropertyFiles."):
@@ -131,7 +132,7 @@ CONDITIONS: dict[str, Callable[[dict, Context, str], bool]] = {
     "LessThan": _compare(lambda a, b: a < b),
     "LessThanOrEqualTo": _compare(lambda a, b: a <= b),
     "In": lambda c, ctx, w: evaluate(c["QueryValue"], ctx, w) in evaluate(c["Values"], ctx, w),
-    "Not": lambda c, ctx, w: not condition(c["Expression"], ctx, w),
+    "Not": lambda c, ctx, w: not condition(c["Condition"], ctx, w),  # the SDK's ConditionNot.to_request()
     "Or": lambda c, ctx, w: any(condition(x, ctx, w) for x in c["Conditions"]),
 }
 
@@ -141,7 +142,11 @@ def condition(cond: dict, ctx: Context, where: str) -> bool:
     check = CONDITIONS.get(cond.get("Type", ""))
     if check is None:
         raise ExpressionError(f"{where}: unsupported condition type {cond.get('Type')!r}")
-    return check(cond, ctx, where)
+    try:
+        return check(cond, ctx, where)
+    except (KeyError, TypeError) as e:
+        raise ExpressionError(f"{where}: malformed {cond['Type']} condition ({type(e).__name__}: {e}): "
+                              f"{json.dumps(cond)[:200]}") from None
 
 
 def json_file_loader(path: Path) -> Callable[[], Any]:

@@ -1,13 +1,38 @@
-"""Step caching like SageMaker's: a job step whose resolved arguments (output locations aside) and input contents are
-unchanged reuses the properties, and so the outputs, of its previous run while those outputs still exist."""
+"""Step caching as SageMaker's: a job step reuses the properties, and so the outputs, of its latest run whose cache key
+attributes (per step type, resolved, the execution's id included where a step names it) were the same and that
+ended within the step's `CacheConfig.ExpireAfter`. Like SageMaker, the key holds S3 URIs, not what lies behind
+them. Locally an entry is also skipped when an output it names is gone (a cleaned `local.root`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import time
+from datetime import timedelta
 from pathlib import Path
 
 from pipeline.local.storage import LocalS3
+
+# "Default cache key attributes by pipeline step type" (SageMaker developer guide, pipelines-default-keys)
+KEY_ATTRIBUTES = {
+    "Processing": ("AppSpecification", "Environment", "ProcessingInputs"),
+    "Training": ("AlgorithmSpecification", "CheckpointConfig", "DebugHookConfig", "DebugRuleConfigurations",
+                 "Environment", "HyperParameters", "InputDataConfig"),
+}
+DURATION = re.compile(r"^P(?:(\d+)Y)?(?:(\d+)M)?(?:(\d+)W)?(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$",
+                      re.IGNORECASE)
+ENDED = "__cached_at"  # when the run ended (epoch seconds), beside its properties
+
+
+def expire_after(text: str) -> timedelta:
+    """An ISO 8601 duration as CacheConfig.ExpireAfter takes it (P30D, PT1H, P1Y2M, P2W); a year is 365 days and a
+    month 30."""
+    found = DURATION.match(text.strip())
+    if not found or text.strip().upper() in ("P", "PT") or text.strip().upper().endswith("T"):
+        raise ValueError(f"CacheConfig.ExpireAfter {text!r} is not an ISO 8601 duration (such as P30D or PT12H)")
+    years, months, weeks, days, hours, minutes, seconds = (int(g or 0) for g in found.groups())
+    return timedelta(days=365 * years + 30 * months + 7 * weeks + days, hours=hours, minutes=minutes, seconds=seconds)
 
 
 class StepCache:
@@ -18,28 +43,29 @@ class StepCache:
         self.s3 = s3
         self.enabled = enabled
 
-    def key(self, step: dict, masked_args: dict, args: dict) -> str | None:
-        """The step's key (None: not cached): its type and arguments with the execution masked, and the content of
-        every S3 input, the training code included."""
-        if not (self.enabled and step.get("CacheConfig", {}).get("Enabled")):
+    def key(self, step: dict, args: dict) -> str | None:
+        """The step's key (None: not cached): its type and its resolved key attributes (every argument for a type
+        without a documented list)."""
+        config = step.get("CacheConfig", {})
+        if not (self.enabled and config.get("Enabled")):
             return None
-        inputs = [i["S3Input"]["S3Uri"] for i in args.get("ProcessingInputs", []) if "S3Input" in i]
-        inputs += [c["DataSource"]["S3DataSource"]["S3Uri"] for c in args.get("InputDataConfig", [])]
-        submit = json.loads(str(args.get("HyperParameters", {}).get("sagemaker_submit_directory", '""')))
-        inputs += [submit] if submit.startswith("s3://") else []
-        digest = hashlib.sha256(json.dumps([step["Type"], masked_args], sort_keys=True).encode())
-        for uri in inputs:
-            digest.update(uri.encode() + self.s3.digest(uri).encode())
-        return digest.hexdigest()
+        attributes = KEY_ATTRIBUTES.get(step["Type"])
+        keyed = {name: args.get(name) for name in attributes} if attributes else args
+        return hashlib.sha256(json.dumps([step["Type"], keyed], sort_keys=True).encode()).hexdigest()
 
     def _file(self, key: str) -> Path:
         return self.folder / f"{key}.json"
 
-    def get(self, key: str | None) -> dict | None:
-        """The properties stored under `key` when every output they name still exists, else None."""
+    def get(self, key: str | None, step: dict) -> dict | None:
+        """The properties stored under `key` if that run ended within the step's ExpireAfter and every output they
+        name still exists, else None."""
         if key is None or not self._file(key).exists():
             return None
         properties = json.loads(self._file(key).read_text())
+        ended = properties.pop(ENDED, 0.0)
+        limit = step.get("CacheConfig", {}).get("ExpireAfter")
+        if limit and time.time() - ended > expire_after(limit).total_seconds():
+            return None
         outputs = [
             o["S3Output"]["S3Uri"] for o in properties.get("ProcessingOutputConfig", {}).get("Outputs", {}).values()
         ]
@@ -49,4 +75,4 @@ class StepCache:
     def put(self, key: str | None, properties: dict) -> None:
         if key is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._file(key).write_text(json.dumps(properties, indent=2))
+            self._file(key).write_text(json.dumps({**properties, ENDED: time.time()}, indent=2))

@@ -16,7 +16,6 @@ from pipeline.local.orphans import Owner, stop_owned
 from pipeline.local.storage import LOCAL_ARN, RECORD_FILE, LocalS3
 from pipeline.records import ExecutionView, StepView
 
-MASK = "<execution>"  # the execution's id and ARN as step caching sees them: a new execution may reuse a step
 UNFINISHED = ("Failed", "NotStarted", "Stopped")  # a step after one of these does not start
 
 
@@ -144,17 +143,12 @@ class ExecutionState:
             "PipelineExecutionId": execution.id,
             "PipelineExecutionArn": execution.arn,
             "PipelineName": execution.pipeline,
+            "PipelineArn": f"{LOCAL_ARN}:pipeline/{execution.pipeline}",
             "PipelineExecutionDisplayName": execution.id,
-            "ExecutionStartTime": execution.started,
-            "CurrentDateTime": execution.started,
+            "StartDateTime": execution.started,
+            "CurrentDateTime": now,  # read when used; TrainingJobName / ProcessingJobName: inside a job step
         }
         self.context = Context(parameters=execution.parameters, execution=variables)
-        self.masked = Context(  # the same values, but for the id and ARN of this execution
-            parameters=execution.parameters,
-            execution={**variables, "PipelineExecutionId": MASK, "PipelineExecutionArn": MASK},
-            properties=self.context.properties,
-            property_files=self.context.property_files,
-        )
         self.outcomes: dict[str, str] = {}  # condition step -> "IfSteps" | "ElseSteps"
 
     def record(self, name: str) -> StepRecord:

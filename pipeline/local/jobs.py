@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from pipeline.local import orphans
-from pipeline.local.storage import LocalS3
+from pipeline.local.storage import LOCAL_ARN, LocalS3
 
 PROCESSING = "/opt/ml/processing"
 TRAINING_MODULE = "sagemaker_pytorch_container.training:main"
@@ -100,7 +101,12 @@ def run_processing(name: str, args: dict, workdir: Path, s3: LocalS3, log: IO[st
     ]
     command = entrypoint + [local(str(a)) for a in app.get("ContainerArguments", [])]
     run_logged(command, _environment(args.get("Environment", {})), log, workdir)
-    properties: dict = {"ProcessingJobName": name, "ProcessingJobStatus": "Completed", "ProcessingOutputConfig": {}}
+    properties: dict = {  # DescribeProcessingJob's answer: the request's fields, the job's name, ARN and status
+        **{k: args[k] for k in ("AppSpecification", "Environment", "ProcessingInputs", "ProcessingResources",
+                                "StoppingCondition", "RoleArn") if k in args},
+        "ProcessingJobName": name, "ProcessingJobArn": f"{LOCAL_ARN}:processing-job/{name}",
+        "ProcessingJobStatus": "Completed", "ProcessingOutputConfig": {},
+    }
     properties["ProcessingOutputConfig"]["Outputs"] = {}
     for item in outputs:
         s3.upload(Path(local(item["S3Output"]["LocalPath"])), item["S3Output"]["S3Uri"])
@@ -166,10 +172,30 @@ def run_training(name: str, args: dict, workdir: Path, s3: LocalS3, log: IO[str]
     output = args["OutputDataConfig"]["S3OutputPath"].rstrip("/") + f"/{name}/output"
     _tar(base / "model", s3.path(output + "/model.tar.gz"))
     _tar(base / "output" / "data", s3.path(output + "/output.tar.gz"))
-    return {
+    log.flush()
+    return {  # DescribeTrainingJob's answer: the request's fields, the job's name, ARN, status, artifacts, metrics
+        **{k: args[k] for k in ("AlgorithmSpecification", "ResourceConfig", "StoppingCondition", "RoleArn",
+                                "InputDataConfig", "CheckpointConfig", "Environment") if k in args},
         "TrainingJobName": name,
+        "TrainingJobArn": f"{LOCAL_ARN}:training-job/{name}",
         "TrainingJobStatus": "Completed",
+        "SecondaryStatus": "Completed",
         "ModelArtifacts": {"S3ModelArtifacts": output + "/model.tar.gz"},
         "OutputDataConfig": args["OutputDataConfig"],
         "HyperParameters": args.get("HyperParameters", {}),
+        "FinalMetricDataList": final_metrics(args, Path(log.name).read_text(errors="replace")),
     }
+
+
+def final_metrics(args: dict, log: str) -> dict[str, dict]:
+    """The last value each of the job's MetricDefinitions matched in its log, as SageMaker reports them (keyed by
+    name here, so that `FinalMetricDataList['test:accuracy'].Value` resolves as the SDK writes it)."""
+    found = {}
+    for metric in args.get("AlgorithmSpecification", {}).get("MetricDefinitions", []):
+        values = re.findall(metric["Regex"], log)
+        if values:
+            try:
+                found[metric["Name"]] = {"MetricName": metric["Name"], "Value": float(values[-1])}
+            except (TypeError, ValueError):
+                continue
+    return found

@@ -14,7 +14,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -85,15 +85,16 @@ def job_step(launch: Callable[[StepRun, str, dict, IO[str]], dict]) -> Callable[
     """The executor of a job step type: reuse a cached run, else launch the job with its log and cache it."""
 
     def execute(run: StepRun) -> dict:
-        args = run.arguments()
+        stamp = run.record.started[:19].replace(":", "").replace("-", "")
+        job = f"{run.record.name.lower()}-{stamp}-{secrets.token_hex(2)}"
+        job_variable = {"Processing": "ProcessingJobName", "Training": "TrainingJobName"}[run.record.type]
+        args = run.arguments(replace(run.state.context, execution={**run.state.context.execution, job_variable: job}))
         cache = run.runner.cache
-        key = cache.key(run.step, run.arguments(run.state.masked), args)
-        cached = cache.get(key)
+        key = cache.key(run.step, args)
+        cached = cache.get(key, run.step)
         if cached is not None:
             run.record.cached = True
             return cached
-        stamp = run.record.started[:19].replace(":", "").replace("-", "")
-        job = f"{run.record.name.lower()}-{stamp}-{secrets.token_hex(2)}"
         with open(run.record.log, "w") as log:
             properties = launch(run, job, run.runner.local_environment(args, run.state.execution.id), log)
         cache.put(key, properties)
@@ -118,9 +119,10 @@ def _files(folder: Path) -> set[tuple[str, int]]:
 
 
 def training_job(run: StepRun, job: str, args: dict, log: IO[str]) -> dict:
-    """A training job whose checkpoints (`CheckpointConfig.S3Uri`, keyed by the execution id) survive a failed or
-    stopped attempt, so that a retry resumes from them, and are deleted once the step succeeds: nothing can resume
-    from them then (a retry keeps a succeeded step, a new execution has its own id)."""
+    """A training job whose checkpoints (`CheckpointConfig.S3Uri`, one folder per training the step cache tells
+    apart) survive a failed or stopped attempt, so that a retry resumes from them, and are deleted once the step
+    succeeds: nothing is to resume from them then (a retry keeps a succeeded step; a new execution training the same
+    thing is a cache hit, or with --no-cache starts afresh)."""
     s3, uri = run.runner.s3, args.get("CheckpointConfig", {}).get("S3Uri")
     left = run.folder / "opt_ml" / "checkpoints"  # run_training's copy, synced to `uri` when the job ends
     if uri and left.is_dir() and any(left.iterdir()):
@@ -264,5 +266,7 @@ class LocalRunner:
             state.succeeded(name, executor(StepRun(self, state, self.graph.steps[name], record, folder)))
         except (StepFailed, UserError, FileNotFoundError, ValueError) as failure:
             record.status, record.reason = "Failed", str(failure)
+        except Exception as e:  # the runner's own fault: the step fails with it, the execution still ends
+            record.status, record.reason = "Failed", f"the local runner failed: {type(e).__name__}: {e}"
         finally:
             record.ended, record.seconds = now(), round(time.monotonic() - started, 2)
