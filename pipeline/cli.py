@@ -38,7 +38,7 @@ app.command(rich_help_panel=ACCOUNT)(compare)
 
 EXECUTION = Annotated[str | None, typer.Argument(help="Execution id or ARN (default: latest).")]
 PARAMS = Annotated[list[str] | None, typer.Option("--param", "-p", help="Pipeline parameter NAME=VALUE (repeatable).")]
-LIMIT = Annotated[int, typer.Option(help="How many, newest first.")]
+LIMIT = Annotated[int, typer.Option(help="How many, newest first.", min=1)]
 
 
 @app.callback()

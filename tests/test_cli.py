@@ -220,6 +220,8 @@ def test_models_and_deploy_commands_against_the_registry(aws, capsys):
     assert "PendingManualApproval" in out and "0.91" in out
     code, out, err = cli(capsys, "deploy", "1")
     assert code == 1 and "not Approved" in err and "Traceback" not in err
+    code, out, err = cli(capsys, "models", "approve", "1", "--note", "x" * 1025)  # ApprovalDescription: 1024
+    assert code != 0 and "--note: 1025 characters; expected at most 1024" in err and "Traceback" not in err
     code, out, err = cli(capsys, "models", "approve", "1", "--note", "looks good")
     assert code == 0, err
     assert "model version 1: Approved" in out

@@ -70,7 +70,7 @@ def test_json_get_reads_the_property_file(ctx):
         ({"Type": "LessThan", "LeftValue": {"Get": "Parameters.Epochs"}, "RightValue": 4}, True),
         ({"Type": "LessThanOrEqualTo", "LeftValue": {"Get": "Parameters.Epochs"}, "RightValue": 2}, False),
         ({"Type": "In", "QueryValue": {"Get": "Parameters.Name"}, "Values": ["roberta", "bert"]}, True),
-        ({"Type": "Not", "Expression": {"Type": "Equals", "LeftValue": 1, "RightValue": 1}}, False),
+        ({"Type": "Not", "Condition": {"Type": "Equals", "LeftValue": 1, "RightValue": 1}}, False),
         (
             {
                 "Type": "Or",
@@ -86,6 +86,18 @@ def test_json_get_reads_the_property_file(ctx):
 )
 def test_every_condition_type(ctx, cond, expected):
     assert condition(cond, ctx, "step Gate") is expected
+
+
+def test_a_not_condition_as_the_sdk_writes_it(ctx):
+    from sagemaker.core.workflow.conditions import ConditionEquals, ConditionNot
+
+    written = ConditionNot(expression=ConditionEquals(left=1, right=1)).to_request()
+    assert condition(written, ctx, "step Gate") is False
+
+
+def test_a_malformed_condition_is_an_expression_error(ctx):
+    with pytest.raises(ExpressionError, match="step Gate: malformed Not condition"):
+        condition({"Type": "Not", "Expression": {"Type": "Equals", "LeftValue": 1, "RightValue": 1}}, ctx, "step Gate")
 
 
 def test_unsupported_expressions_name_the_step_and_the_expression(ctx):
@@ -131,6 +143,11 @@ def test_parameters_are_cast_to_their_declared_types():
         resolve({"Parameters": declared, "Steps": []}, {"Epochs": "five"})
     with pytest.raises(ParameterError, match="--param Epoch: unknown parameter; expected one of"):
         resolve({"Parameters": declared, "Steps": []}, {"Epoch": "1"})
+    # StartPipelineExecution refuses an empty value or one over 1024 characters: so do both backends
+    with pytest.raises(ParameterError, match="--param Name=: empty; expected a String"):
+        resolve({"Parameters": declared, "Steps": []}, {"Name": ""})
+    with pytest.raises(ParameterError, match="--param Name: 1025 characters; expected at most 1024"):
+        resolve({"Parameters": declared, "Steps": []}, {"Name": "x" * 1025})
 
 
 def test_graph_orders_by_data_dependencies_and_depends_on():
@@ -173,3 +190,21 @@ def test_parameter_pairs_are_parsed_once_and_the_data_source_cannot_switch_form(
         resolve(without, {"InputData": "s3://b/new/"})
     with pytest.raises(ParameterError, match="built for an s3:// data.source"):
         resolve(with_s3, {"InputData": "amazon_polarity"})
+
+
+def test_the_local_runner_knows_every_execution_variable_the_sdk_writes():
+    """Each of the SDK's ExecutionVariables resolves in a local job step (the job names inside their own step), and
+    CurrentDateTime is the time it is read."""
+    from sagemaker.core.workflow.execution_variables import ExecutionVariables
+
+    from pipeline.local.execution import Execution, ExecutionState
+
+    names = {getattr(ExecutionVariables, n).name for n in dir(ExecutionVariables) if n.isupper()}
+    state = ExecutionState(Execution.new("demo", {}, {}), StepGraph({"Steps": []}), None)
+    job_names = {"TrainingJobName", "ProcessingJobName"}
+    for name in names - job_names:
+        assert evaluate({"Get": f"Execution.{name}"}, state.context, "step S"), name
+    arn = evaluate({"Get": "Execution.PipelineArn"}, state.context, "step S")
+    assert arn == "arn:aws:sagemaker:local:000000000000:pipeline/demo"
+    first = evaluate({"Get": "Execution.CurrentDateTime"}, state.context, "step S")
+    assert first >= evaluate({"Get": "Execution.StartDateTime"}, state.context, "step S")

@@ -193,6 +193,7 @@ def test_deploy_lambda_role_grants_exactly_what_its_code_calls():
     assert not _allowed(document, "sagemaker:UpdateEndpoint", f"{sm}:endpoint/someone-elses")
     sample = f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/evaluation/endpoint_sample.jsonl"
     assert _allowed(document, "s3:GetObject", sample)
+    assert _allowed(document, "s3:GetObject", sample.replace("endpoint_sample.jsonl", "evaluation.json"))  # p50
     assert not _allowed(document, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/trainium-bert/executions/abc123/x.csv")
     marker = f"arn:aws:s3:::{BUCKET}/trainium-bert/lifecycle-markers/events/0123abcd"
     assert all(_allowed(document, f"s3:{action}", marker) for action in ("PutObject", "GetObject", "DeleteObject"))

@@ -244,6 +244,20 @@ def test_schedule_rule_starts_the_pipeline_with_parameters_and_role(aws):
     assert set(listed) == {"deploy-on-approval", "schedule", "rollback-on-reject", "endpoint-state"}
 
 
+def test_a_rule_description_keeps_to_put_rules_512_characters(aws):
+    """The on-new-data rule's description names the data source, which may be long: PutRule takes 512 at most."""
+    from botocore.validate import ParamValidator
+
+    cfg = config(**{"data.source": f"s3://{BUCKET}/{'reviews/' * 60}"})
+    sent = []
+    aws.client("events").meta.events.register("provide-client-params.events.PutRule",
+                                              lambda params, **_: sent.append(dict(params)))
+    triggers.apply(with_triggers(cfg, on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
+    shape = aws.client("events").meta.service_model.operation_model("PutRule").input_shape
+    assert sent and all(len(p["Description"]) <= shape.members["Description"].metadata["max"] for p in sent)
+    assert all(not ParamValidator().validate(p, shape).has_errors() for p in sent)
+
+
 def test_new_data_rule_watches_the_input_prefix(aws):
     cfg = config()
     aws.s3.put_bucket_notification_configuration(

@@ -73,6 +73,10 @@ def resolve(definition: dict, overrides: Mapping[str, str], option: str = "--par
         raise ParameterError(f"{option}{unknown[0]}: unknown parameter; expected one of {', '.join(sorted(types))}")
     values = {p["Name"]: p.get("DefaultValue") for p in declared}
     for name, raw in overrides.items():
+        if str(raw) == "":  # StartPipelineExecution: a Value is 1 to 1024 characters
+            raise ParameterError(f"{option}{name}=: empty; expected a {types[name]} (leave it out for the default)")
+        if len(str(raw)) > 1024:
+            raise ParameterError(f"{option}{name}: {len(str(raw))} characters; expected at most 1024")
         try:
             values[name] = CASTS[types[name]](raw)
         except (ValueError, KeyError):

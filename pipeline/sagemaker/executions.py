@@ -99,11 +99,9 @@ def describe(aws: Aws, arn: str, with_parameters: bool = True) -> ExecutionView:
     with explained(f"describe execution {arn}"):
         execution = aws.sagemaker.describe_pipeline_execution(PipelineExecutionArn=arn)
         steps = aws.execution_steps(arn)
-        parameters = (
-            aws.sagemaker.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn).get("PipelineParameters", [])
-            if with_parameters
-            else []
-        )
+        pages = aws.sagemaker.get_paginator("list_pipeline_parameters_for_execution").paginate(
+            PipelineExecutionArn=arn) if with_parameters else []
+        parameters = [p for page in pages for p in page.get("PipelineParameters", [])]
     selective = execution.get("SelectiveExecutionConfig", {})
     return ExecutionView(
         id=arn.rsplit("/", 1)[-1],
@@ -154,8 +152,9 @@ def recent(aws: Aws, pipeline: str, limit: int = 20) -> list[ExecutionView]:
     """The newest executions of `pipeline`, each described with its steps (ListPipelineExecutions says nothing of
     selective runs and retries), without their parameters."""
     with explained(f"list executions of {pipeline}"):
-        found = aws.sagemaker.list_pipeline_executions(
-            PipelineName=pipeline, SortBy="CreationTime", SortOrder="Descending", MaxResults=limit
-        )["PipelineExecutionSummaries"]
+        pages = aws.sagemaker.get_paginator("list_pipeline_executions").paginate(  # MaxResults is 100 at most
+            PipelineName=pipeline, SortBy="CreationTime", SortOrder="Descending",
+            PaginationConfig={"MaxItems": limit, "PageSize": min(limit, 100)})
+        found = [e for page in pages for e in page["PipelineExecutionSummaries"]][:limit]
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(lambda e: describe(aws, e["PipelineExecutionArn"], with_parameters=False), found))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pipeline.config import Config
 from pipeline.deploy_settings import MARKERS
-from steps.contract import EVALUATION_OUTPUT, SAMPLE_FILE
+from steps.contract import EVALUATION_OUTPUT, REPORT_FILE, SAMPLE_FILE
 
 AUTOSCALING_SLR = ("role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
                    "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
@@ -30,7 +30,8 @@ def policies(cfg: Config) -> dict[str, dict]:
     staging = cfg.deploy.staging_endpoint_name.lower()
     function = cfg.deploy.lambda_function_name
     configs = [f"{sm}:endpoint-config/{endpoint[:40]}*", f"{sm}:endpoint-config/{staging[:40]}*"]
-    sample = f"executions/*/{EVALUATION_OUTPUT}/{SAMPLE_FILE}"  # what Evaluate writes for the endpoint test
+    # what Evaluate writes for the endpoint test: the sample, and the report with the latency to hold it to
+    read = [f"executions/*/{EVALUATION_OUTPUT}/{name}" for name in (SAMPLE_FILE, REPORT_FILE)]
     deploy_role = {
         "Version": "2012-10-17",
         "Statement": [
@@ -74,7 +75,7 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Sid": "ReadTestSample",
                 "Effect": "Allow",
                 "Action": ["s3:GetObject"],
-                "Resource": [f"{arn}:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{sample}"],
+                "Resource": [f"{arn}:s3:::{cfg.aws.bucket}/{cfg.aws.prefix}/{key}" for key in read],
             },
             {  # markers created only where absent: the events handled, the metadata revisions claimed (an event's
                 "Sid": "LifecycleMarkers",  # marker read to see whether a killed invocation left it unfinished)

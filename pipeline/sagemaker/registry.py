@@ -19,6 +19,9 @@ def _accuracy(metadata: dict[str, str] | None) -> float | str | None:
         return raw
 
 
+MAX_NOTE = 1024  # UpdateModelPackage.ApprovalDescription
+
+
 def _check_status(status: str) -> None:
     if status not in APPROVAL_STATUSES:
         raise ValueError(f"status {status!r}: expected one of {', '.join(APPROVAL_STATUSES)}")
@@ -87,6 +90,9 @@ def describe(aws: Aws, group: str, version: int | str) -> dict:
 def set_status(aws: Aws, group: str, version: int | str, status: str, note: str = "") -> dict:
     """Approve, reject or reset a version (approving one fires the deploy rule, if triggers are applied)."""
     _check_status(status)
+    if note and len(note) > MAX_NOTE:
+        raise ValueError(f"--note: {len(note)} characters; expected at most {MAX_NOTE} (UpdateModelPackage's "
+                         "ApprovalDescription)")
     arn = _arn(aws, group, version)
     with explained(f"describe model package {arn}"):
         package = aws.sagemaker.describe_model_package(ModelPackageName=arn)

@@ -23,6 +23,7 @@ from steps.contract import APPROVED, MODEL_PACKAGE_EVENT
 
 PIPELINE_TARGET_ID = "start-pipeline"
 MAX_RULE_NAME = 64
+MAX_DESCRIPTION = 512  # PutRule.Description
 
 
 def rule_name(pipeline_name: str, kind: str) -> str:
@@ -240,7 +241,8 @@ def apply(cfg: Config, aws: Aws | None, print_only: bool = False) -> list[dict]:
         name = rule["Name"]
         with explained(f"put rule {name}"):
             old = _describe_rule(aws, name)
-            request: dict[str, Any] = {"Name": name, "State": "ENABLED", "Description": rule["Description"]}
+            request: dict[str, Any] = {"Name": name, "State": "ENABLED",
+                                       "Description": rule["Description"][:MAX_DESCRIPTION]}
             if "EventPattern" in rule:
                 request["EventPattern"] = json.dumps(rule["EventPattern"])
             else:
