@@ -143,7 +143,8 @@ def plan(
         raise CompareError(f"tokenized data: no {missing[0]} split in {sorted(data)}")
     run_id = (now or datetime.now(timezone.utc)).strftime("%y%m%d%H%M%S")
     outputs = {name: {"S3Output": {"S3Uri": uri}} for name, uri in data.items()}
-    properties = {source: {"ProcessingOutputConfig": {"Outputs": outputs}}}
+    # (the job name only names the checkpoint folder, which each compare job replaces with its own below)
+    properties = {source: {"ProcessingJobName": f"compare-{run_id}", "ProcessingOutputConfig": {"Outputs": outputs}}}
     variables = {
         "PipelineExecutionId": f"compare-{run_id}",
         "PipelineExecutionArn": "",
