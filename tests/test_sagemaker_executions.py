@@ -51,3 +51,18 @@ def test_an_executions_parameters_are_read_from_every_page(aws, monkeypatch):
                           {"PipelineExecutionArn": arn, "NextToken": "next"})
         view = executions.describe(aws, arn)
     assert view.parameters == {"Epochs": "3", "InputData": "s3://b/new/"}
+
+
+def test_waiting_ends_at_every_status_the_api_calls_an_end(aws, monkeypatch):
+    """PipelineExecutionStatus (botocore's model): all but Executing and Stopping are ends; `start --wait` must not
+    poll for ever on CompletedWithFailures (a run with StepDependency conditions)."""
+    import botocore.session
+
+    from pipeline.records import ExecutionView
+
+    statuses = botocore.session.get_session().get_service_model("sagemaker").shape_for("PipelineExecutionStatus").enum
+    for end in set(statuses) - {"Executing", "Stopping"}:
+        seen = iter(["Executing", "Stopping", end])
+        monkeypatch.setattr(executions, "describe", lambda aws, arn, seen=seen: ExecutionView(
+            id="e1", arn=arn, pipeline="p", status=next(seen)))
+        assert executions.wait(aws, EXECUTION.format("e1"), lambda view: None, poll_seconds=0).status == end

@@ -380,3 +380,29 @@ def test_the_summary_plot_draws_what_the_step_files_hold(tmp_path):
     path = write_summary_plot(tmp_path / "summary.png", stats, report, "execution x")
     assert path.read_bytes()[:4] == b"\x89PNG"
     assert write_summary_plot(tmp_path / "none.png", None, None, "x") is None and not (tmp_path / "none.png").exists()
+
+
+def test_a_run_whose_step_was_killed_ends_with_its_local_execution(tmp_path):
+    """A step killed outright (kill -9) cannot end its run: the local runner marks it FAILED with the execution."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.local.runner import LocalRunner
+    from pipeline.local.storage import LocalS3
+
+    job = ("import os, sys\nsys.path.insert(0, os.path.dirname(__file__))\nimport tracking\n"
+           "tracking.Tracker('Train').log(metrics={'a': 1.0})\nos.kill(os.getpid(), 9)\n")
+    s3 = LocalS3(tmp_path)
+    s3.put_bytes("s3://bucket/code/job.py", job.encode())
+    s3.put_bytes("s3://bucket/code/tracking.py", (ROOT / "training" / "tracking.py").read_bytes())
+    code = "/opt/ml/processing/input/code"
+    dag = {"Parameters": [], "Steps": [{"Name": "Train", "Type": "Processing", "Arguments": {
+        "AppSpecification": {"ContainerEntrypoint": ["python3", f"{code}/job.py"]},
+        "Environment": {contract.EXPERIMENT_ENV: "bert"},
+        "ProcessingInputs": [{"InputName": "code", "S3Input": {"S3Uri": "s3://bucket/code/", "LocalPath": code}}],
+        "ProcessingOutputConfig": {"Outputs": []}}}]}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    execution = LocalRunner(dag, "demo", tmp_path, tracking_uri=uri).run({})
+    assert execution.status == "Failed"
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("bert").experiment_id])
+    assert run.info.run_name == execution.id and run.info.status == "FAILED"

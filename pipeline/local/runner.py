@@ -239,8 +239,22 @@ class LocalRunner:
             state.stop(str(interrupt))
         finally:
             state.execution.ended = now()
+            self._end_tracking(state.execution)
             self._save(state)
         return state.execution
+
+    def _end_tracking(self, execution: Execution) -> None:
+        """A failed or stopped execution's MLflow run ends FAILED or KILLED, if no step could end it."""
+        if not self.tracking_uri or execution.status not in ("Failed", "Stopped"):
+            return
+        from pipeline.tracking.store import end_open_run
+
+        for step in self.graph.steps.values():
+            experiment = (step.get("Arguments", {}).get("Environment") or {}).get(contract.EXPERIMENT_ENV)
+            if isinstance(experiment, str):
+                end_open_run(self.tracking_uri, experiment, execution.id,
+                             "FAILED" if execution.status == "Failed" else "KILLED")
+                return
 
     def _save(self, state: ExecutionState) -> None:
         state.execution.save(self.layout.execution(self.pipeline, state.execution.id))

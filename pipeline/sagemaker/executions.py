@@ -14,7 +14,7 @@ from pipeline.dag.selection import Source
 from pipeline.records import ExecutionView, OnUpdate, StepView
 from pipeline.sagemaker.aws import Aws, explained
 
-TERMINAL = {"Succeeded", "Failed", "Stopped"}
+TERMINAL = {"Succeeded", "Failed", "Stopped", "CompletedWithFailures"}  # PipelineExecutionStatus's ends
 STEP_TYPES = {  # ListPipelineExecutionSteps says a step's type through its Metadata key
     "ProcessingJob": "Processing",
     "TrainingJob": "Training",

@@ -86,6 +86,20 @@ def list_runs(uri: str, experiment: str, limit: int = 20) -> list[RunRow]:
     return rows
 
 
+def end_open_run(uri: str, experiment: str, execution: str, status: str) -> None:
+    """Mark the execution's run `status` (FAILED, KILLED) if it is still RUNNING: a step that ended it could not (killed
+    outright). Best effort: the execution's own record says how it ended either way."""
+    try:
+        mlflow = client(uri)
+        found = mlflow.get_experiment_by_name(experiment)
+        runs = mlflow.search_runs([found.experiment_id], f"tags.`{contract.EXECUTION_TAG}` = '{execution}'",
+                                  max_results=1) if found else []
+        if runs and runs[0].info.status == "RUNNING":
+            mlflow.set_terminated(runs[0].info.run_id, status)
+    except Exception as e:  # a store that cannot be opened: nothing to end
+        logging.getLogger(__name__).warning("could not end the MLflow run of %s: %s", execution, e)
+
+
 def _iso(millis: int | None) -> str:
     from datetime import datetime, timezone
 
