@@ -449,6 +449,27 @@ def test_an_invocation_killed_at_its_timeout_leaves_its_state_change_to_the_retr
     assert world.handle(event)["action"] == "ignored"  # finished: a duplicate however late
 
 
+def test_a_claim_released_while_being_taken_over_is_claimed_afresh_though_s3_says_403(world):
+    """The deploy role has no s3:ListBucket, so S3 answers a GetObject of a marker deleted a moment before with 403
+    AccessDenied, not 404 (moto answers 404): the take-over must claim it afresh, not fail the invocation."""
+    account = world.account
+    key = "events/released-meanwhile"
+    assert account.claim(key)
+    bucket, name = account._marker(key)
+    get_object = account.s3.get_object
+
+    def deleted_then_denied(**kwargs):
+        if kwargs.get("Key") == name:
+            account.s3.delete_object(Bucket=bucket, Key=name)  # the holder released it
+            account.s3.get_object = get_object
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
+        return get_object(**kwargs)
+
+    account.s3.get_object = deleted_then_denied
+    assert account.claim(key, abandoned_after_s=0)
+    assert not account.claim(key)  # held again
+
+
 def test_a_failed_invocation_releases_its_state_change_for_the_retry(world):
     world.register()
     event = world.approve(1)

@@ -163,6 +163,53 @@ def test_a_local_store_needs_no_server(tmp_path):
     check_run(uri, train)
 
 
+TRACK_AT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import tracking
+start = float(sys.argv[4])
+while time.time() < start:
+    pass
+tracking.Tracker("Train", {"MLFLOW_TRACKING_URI": sys.argv[2], "MLFLOW_EXPERIMENT_NAME": "bert",
+                           "PIPELINE_EXECUTION_ID": sys.argv[3]}).log(metrics={"train_loss": 0.5})
+"""
+
+
+def test_two_executions_starting_together_on_a_new_local_store_are_both_tracked(tmp_path):
+    """MLflow migrates a new SQLite store on first use; two first steps at the same instant both did it (one failed
+    with "table experiments already exists" and its step went untracked)."""
+    import time
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    start = str(time.time() + 5)  # both processes imported mlflow by then
+    procs = [subprocess.Popen([sys.executable, "-c", TRACK_AT, str(ROOT / "training"), uri, name, start],
+                              stderr=subprocess.PIPE, text=True) for name in ("exec-a", "exec-b")]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert not [e for e in errors if "tracking off" in e], errors
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("bert").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["exec-a", "exec-b"]
+
+
+def test_an_experiment_another_execution_creates_first_is_used(mlflow_server, monkeypatch, capsys):
+    """Two executions' first steps on a server: the one whose create comes second reads the experiment back."""
+    from mlflow.tracking import MlflowClient
+
+    store = tracking.RestStore(mlflow_server, 30)
+    call = store._call
+
+    def racing(method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
+        if path == "experiments/create":
+            MlflowClient(mlflow_server).create_experiment(body["name"])
+        return call(method, path, body, query)
+
+    monkeypatch.setattr(store, "_call", racing)
+    made = store.experiment_id("raced")
+    assert made == MlflowClient(mlflow_server).get_experiment_by_name("raced").experiment_id
+
+
 class BlackHole:
     """A port that accepts connections and never answers; counts them."""
 

@@ -20,6 +20,7 @@ files keep every value. A step that fails marks the execution's run FAILED.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -30,6 +31,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -122,7 +124,13 @@ class RestStore:
         except urllib.error.HTTPError as e:
             if e.code != 404:
                 raise
-        return self._call("POST", "experiments/create", {"name": name})["experiment_id"]
+        try:
+            return self._call("POST", "experiments/create", {"name": name})["experiment_id"]
+        except urllib.error.HTTPError as e:  # another execution's first step created it in between
+            if "RESOURCE_ALREADY_EXISTS" not in e.msg:
+                raise
+        return self._call("GET", "experiments/get-by-name", query={"experiment_name": name})["experiment"][
+            "experiment_id"]
 
     def find_run(self, experiment_id: str, execution: str) -> str | None:
         found = self._call("POST", "runs/search", {"experiment_ids": [experiment_id], "max_results": 1,
@@ -154,14 +162,18 @@ class LibraryStore:
     def __init__(self, uri: str) -> None:
         from mlflow.tracking import MlflowClient
 
-        self.client, self.uri = MlflowClient(uri), uri
+        self.uri = uri
+        with store_lock(uri):  # a new store is created and migrated once, not by two steps at the same moment
+            self.client = MlflowClient(uri)
+            self.client.search_experiments(max_results=1)
 
     def experiment_id(self, name: str) -> str:
-        found = self.client.get_experiment_by_name(name)
-        if found:
-            return found.experiment_id
-        folder = os.path.dirname(self.uri.removeprefix("sqlite:///")) if self.uri.startswith("sqlite:///") else "."
-        return self.client.create_experiment(name, artifact_location=os.path.join(folder, "mlartifacts", name))
+        with store_lock(self.uri):  # two executions' first steps create the experiment once
+            found = self.client.get_experiment_by_name(name)
+            if found:
+                return found.experiment_id
+            folder = os.path.dirname(self.uri.removeprefix("sqlite:///")) if self.uri.startswith("sqlite:///") else "."
+            return self.client.create_experiment(name, artifact_location=os.path.join(folder, "mlartifacts", name))
 
     def find_run(self, experiment_id: str, execution: str) -> str | None:
         runs = self.client.search_runs([experiment_id], f"tags.`{EXECUTION_TAG}` = '{execution}'", max_results=1)
@@ -181,6 +193,26 @@ class LibraryStore:
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Held while a local SQLite store is created, migrated or given an experiment: MLflow's schema migration and
+    its get-or-create are not safe between processes (two new runs' steps fail with "table already exists")."""
+    path = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        path = ""
+    if not path:
+        yield
+        return
+    with open(f"{path}.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def open_store(uri: str, timeout: float) -> RestStore | LibraryStore:

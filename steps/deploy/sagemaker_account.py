@@ -208,7 +208,8 @@ class SageMakerAccount:
         try:
             held = self.s3.get_object(Bucket=bucket, Key=name)
         except Exception as e:
-            if endpoints._error_code(e)[0] == "NoSuchKey":  # released meanwhile: claimed afresh
+            # released meanwhile: claimed afresh (the role has no s3:ListBucket, so S3 says 403 for a missing key)
+            if endpoints._error_code(e)[0] in ("NoSuchKey", "AccessDenied"):
                 return self.claim(key)
             raise
         age = (datetime.now(timezone.utc) - held["LastModified"]).total_seconds()
