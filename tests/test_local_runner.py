@@ -371,3 +371,51 @@ def test_a_selective_run_of_a_branch_step_follows_the_sources_condition(root):
     selective = LocalRunner(dag, "demo", root).run({"Threshold": "0.9"}, selection=chosen, source=first)
     assert statuses(selective)["C"] == "Skipped" and runs(root) == []
     assert selective.steps["C"].reason == "Gate took the other branch"
+
+
+def test_two_steps_with_equal_key_attributes_are_cached_apart(root):
+    """SageMaker looks for an earlier run of the same step: a second step whose key attributes equal the first's
+    (only its output differs, which is no key attribute) still runs and writes its output."""
+    twin = processing("A")
+    twin["Name"] = "Twin"
+    twin["Arguments"]["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]["Std:Join"]["Values"][-1] = "Twin"
+    dag = {"Version": "2020-12-01", "Steps": [processing("A"), twin]}
+    dag = json.loads(json.dumps(dag).replace('"RUNS"', json.dumps(str(root / "runs.txt"))))
+    execution = LocalRunner(dag, "demo", root).run({})
+    assert runs(root) == ["A", "A"] and not execution.steps["Twin"].cached
+    assert LocalS3(root).path(f"s3://bucket/run/{execution.id}/Twin/result.txt").exists()
+
+
+def test_local_s3_adds_objects_puts_nothing_for_an_empty_folder_and_refuses_an_empty_input(tmp_path):
+    """S3 semantics the runner keeps: an upload leaves the objects already under the prefix; an empty output puts
+    no object, and a job input with no object under its URI is refused as SageMaker refuses it."""
+    s3, out = LocalS3(tmp_path), tmp_path / "out"
+    s3.put_bytes("s3://bucket/data/part-old.parquet", b"old")
+    out.mkdir()
+    (out / "part-new.parquet").write_bytes(b"new")
+    s3.upload(out, "s3://bucket/data")
+    assert sorted(p.name for p in s3.path("s3://bucket/data").iterdir()) == ["part-new.parquet", "part-old.parquet"]
+    empty = tmp_path / "empty"
+    (empty / "nested").mkdir(parents=True)
+    s3.upload(empty, "s3://bucket/nothing")
+    assert not s3.path("s3://bucket/nothing").exists()
+    for uri in ("s3://bucket/nothing", "s3://bucket/missing"):
+        with pytest.raises(FileNotFoundError, match=f"No S3 objects found under S3 URL {uri}"):
+            s3.download(uri, tmp_path / "in")
+
+
+def test_a_failed_training_job_gives_the_failure_file_as_its_reason(tmp_path):
+    """SageMaker's FailureReason is what the job wrote to /opt/ml/output/failure (the toolkit writes the exit code
+    and the error after a first line of its own), not that first line alone."""
+    from pipeline.local.jobs import StepFailed, run_training
+
+    s3 = LocalS3(tmp_path)
+    s3.put_bytes("s3://bucket/code/fail.py", b"raise ValueError('learning rate must be positive, got -1.0')\n")
+    args = {"AlgorithmSpecification": {"TrainingInputMode": "File"},
+            "HyperParameters": {"sagemaker_program": '"fail.py"', "sagemaker_submit_directory": '"s3://bucket/code"'},
+            "OutputDataConfig": {"S3OutputPath": "s3://bucket/out"}}
+    with (tmp_path / "log").open("w") as log, pytest.raises(StepFailed) as failed:
+        run_training("fail-job", args, tmp_path / "work", s3, log, 1)
+    reason = str(failed.value)
+    assert reason.startswith("AlgorithmError: ") and "learning rate must be positive, got -1.0" in reason
+    assert len(reason) <= len("AlgorithmError: ") + 1024

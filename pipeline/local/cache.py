@@ -44,14 +44,14 @@ class StepCache:
         self.enabled = enabled
 
     def key(self, step: dict, args: dict) -> str | None:
-        """The step's key (None: not cached): its type and its resolved key attributes (every argument for a type
-        without a documented list)."""
+        """The step's key (None: not cached): its name and type and its resolved key attributes (every argument for
+        a type without a documented list): SageMaker looks for an earlier run of the same step."""
         config = step.get("CacheConfig", {})
         if not (self.enabled and config.get("Enabled")):
             return None
         attributes = KEY_ATTRIBUTES.get(step["Type"])
         keyed = {name: args.get(name) for name in attributes} if attributes else args
-        return hashlib.sha256(json.dumps([step["Type"], keyed], sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps([step["Name"], step["Type"], keyed], sort_keys=True).encode()).hexdigest()
 
     def _file(self, key: str) -> Path:
         return self.folder / f"{key}.json"

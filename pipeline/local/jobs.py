@@ -18,6 +18,7 @@ from pipeline.local.storage import LOCAL_ARN, LocalS3
 
 PROCESSING = "/opt/ml/processing"
 TRAINING_MODULE = "sagemaker_pytorch_container.training:main"
+FAILURE_CHARS = 1024  # how much of /opt/ml/output/failure becomes a training job's FailureReason
 
 
 class StepFailed(RuntimeError):
@@ -156,16 +157,19 @@ def run_training(name: str, args: dict, workdir: Path, s3: LocalS3, log: IO[str]
         )
     )
     checkpoint_uri = args.get("CheckpointConfig", {}).get("S3Uri")
-    if checkpoint_uri and s3.path(checkpoint_uri).exists():
-        s3.download(checkpoint_uri, base / "checkpoints")
+    if checkpoint_uri:
+        try:
+            s3.download(checkpoint_uri, base / "checkpoints")
+        except FileNotFoundError:  # nothing to resume from
+            pass
     env = _environment(args.get("Environment", {}))
     env.update(SAGEMAKER_BASE_DIR=str(base), SAGEMAKER_TRAINING_MODULE=TRAINING_MODULE, SM_STUDIO_LOCAL_MODE="true")
     try:
         run_logged([str(Path(sys.executable).parent / "train")], env, log, workdir)
     except StepFailed as failure:
         reason = base / "output" / "failure"
-        detail = reason.read_text(errors="replace").strip().splitlines() if reason.exists() else []
-        raise StepFailed(detail[0][:500] if detail else str(failure)) from None
+        detail = reason.read_text(errors="replace").strip()[:FAILURE_CHARS] if reason.exists() else ""
+        raise StepFailed(f"AlgorithmError: {detail}" if detail else str(failure)) from None
     finally:
         if checkpoint_uri:
             s3.upload(base / "checkpoints", checkpoint_uri)

@@ -81,26 +81,29 @@ class LocalS3:
         return "s3://" + Path(path).resolve().relative_to(self.root / "s3").as_posix()
 
     def download(self, uri: str, destination: Path) -> None:
-        """Copy the object or every object under the prefix `uri` into the folder `destination`."""
+        """Copy the object or every object under the prefix `uri` into the folder `destination`; FileNotFoundError
+        when there is none (SageMaker refuses a job input with no objects under its URI)."""
         source = self.path(uri)
-        destination.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, destination, dirs_exist_ok=True)
-        elif source.is_file():
+        if source.is_file():
+            destination.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / source.name)
+        elif source.is_dir() and any(p.is_file() for p in source.rglob("*")):
+            destination.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(source, destination, dirs_exist_ok=True)
         else:
-            raise FileNotFoundError(f"{uri}: no such object or prefix (looked in {source})")
+            raise FileNotFoundError(f"No S3 objects found under S3 URL {uri} (looked in {source})")
 
     def upload(self, source: Path, uri: str) -> None:
-        """Copy the folder `source` to the prefix `uri` (replacing what was there)."""
+        """Put each file of the folder `source` (or the file) under the prefix `uri`, as S3 uploads do: objects
+        already there stay, and an empty folder puts nothing."""
         target = self.path(uri)
-        if target.exists():
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target)
-        else:
-            shutil.copy2(source, target)
+        files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+        for file in files:
+            destination = target / file.relative_to(source) if source.is_dir() else target
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            if destination.is_dir():  # S3 holds an object and a prefix of one name; a folder cannot
+                raise FileExistsError(f"{uri}: {destination} is a prefix here, cannot put an object there")
+            shutil.copy2(file, destination)
 
     def put_bytes(self, uri: str, data: bytes) -> None:
         target = self.path(uri)
