@@ -72,6 +72,24 @@ def test_p50_against_the_evaluations_one_row_time(endpoint):
                                                r"step measured for onnxruntime-int8 plus 0 ms", slow["reason"])
 
 
+def test_a_hung_model_fails_the_test_once_its_time_is_spent():
+    """InvokeEndpoint waits up to 60 s for a model: 200 rows of a hung one took 200 minutes, far past the Lambda's
+    15. Rows are sent while the test's time lasts; then it fails, on what was answered."""
+    now = [0.0]
+
+    class Hung:
+        def invoke_endpoint(self, **request):
+            now[0] += 60.0
+            raise TimeoutError("Read timeout on endpoint URL")
+
+    rows = [{"text": f"review {i}", "label": i % 2, "prediction": i % 2} for i in range(200)]
+    result = check.run(Hung(), "under-test", rows, max_accuracy_drop=0.02, p95_budget_ms=500,
+                       clock=lambda: now[0], time_budget_s=300)
+    assert not result["passed"] and now[0] == 300.0
+    assert result["reason"].startswith("out of time: 5 of 200 rows answered within the test's 300 s; "
+                                       "5 of 5 requests got an error answer")
+
+
 def test_sample_format_and_stratified_pick():
     rows = sample_rows(40)
     lines = [json.dumps(r) for r in rows]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -252,6 +253,21 @@ def test_auto_promotion_and_a_broken_version_that_never_reaches_production(world
     assert "40 of 40 requests got an error answer ModelError: " in world.metadata(2)["staging_test_reason"]
     assert (world.serving("staging"), world.serving("production")) == (2, 1)
     assert len(world.sm.updates) == 1  # production untouched
+
+
+def test_a_staging_test_the_lambda_has_no_time_for_records_a_failed_verdict(world, monkeypatch):
+    """The Lambda is killed at its timeout: a test of a hung model (60 s per request, 200 rows) never wrote a
+    verdict, and each retry started it again. The test stops in time and the version fails it, saying why."""
+    world.settings = world.account.settings = account_module.Settings.from_env(
+        {**lambda_environment(world.cfg), "AUTO_PROMOTE": "true"})
+    world.register()
+    world.handle(world.approve(1))
+    world.account.deadline = time.monotonic() + account_module.RUNTIME_READ_TIMEOUT_S  # under a minute left
+    assert world.account.test_seconds() == 0
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result) == [("staging", "unchanged", 1), ("staging", "test", 1)]  # and no promotion
+    assert world.metadata(1)["staging_test"] == "fail"
+    assert "out of time: 0 of 40 rows answered" in world.metadata(1)["staging_test_reason"]
 
 
 def test_an_approval_while_the_endpoint_is_busy_is_deployed_after_the_update(world):

@@ -12,6 +12,7 @@ would) and checks:
   * no error answer (a ModelError, a refused or unreadable answer, a connection error);
   * accuracy >= the evaluation's accuracy on the same rows - max_accuracy_drop;
   * p95 of the request latencies (measured by the caller: network and signing included) <= p95_budget_ms;
+  * with `time_budget_s`, every row answered within it;
   * with `expected` (`expectation()` of the version's environment and evaluation): every answer reports, in its
     CustomAttributes (`inference-variant=<runtime>-<int8|fp32>`, set by training/inference.py), the variant that
     INFERENCE_RUNTIME / INFERENCE_QUANTIZE name (else the handler fell back: a corrupted or unloadable variant), and
@@ -132,12 +133,19 @@ def run(
     expected: dict[str, Any] | None = None,
     p50_factor: float = 0.0,
     p50_overhead_ms: float = 0.0,
+    time_budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """Send every row to `endpoint` through `client.invoke_endpoint` and check the answers (see the module)."""
+    """Send every row to `endpoint` through `client.invoke_endpoint` and check the answers (see the module). With
+    `time_budget_s`, rows are sent only while that much time has not passed: a test that runs out of it fails
+    (a hung or far too slow model), so a verdict is written before the caller's own time (the Lambda's) ends."""
     if not rows:
         return failed(endpoint, "no rows to send")
     latencies, correct, errors, first_error, served = [], 0, 0, "", set()
+    began, sent = clock(), 0
     for row in rows:
+        if time_budget_s is not None and clock() - began >= time_budget_s:
+            break
+        sent += 1
         started, problem = clock(), ""
         try:
             response = client.invoke_endpoint(
@@ -157,12 +165,14 @@ def run(
         if problem:
             errors += 1
             first_error = first_error or problem
-    reference = sum(row["prediction"] == row["label"] for row in rows) / len(rows)
-    accuracy = correct / len(rows)
-    p50, p95 = percentile(latencies, 50), percentile(latencies, 95)
+    reference = sum(row["prediction"] == row["label"] for row in rows[:sent]) / max(sent, 1)
+    accuracy = correct / max(sent, 1)
+    p50, p95 = (percentile(latencies, 50), percentile(latencies, 95)) if latencies else (0.0, 0.0)
     failures = []
+    if sent < len(rows):
+        failures.append(f"out of time: {sent} of {len(rows)} rows answered within the test's {time_budget_s:.0f} s")
     if errors:
-        failures.append(f"{errors} of {len(rows)} requests got an error answer ({first_error})")
+        failures.append(f"{errors} of {sent} requests got an error answer ({first_error})")
     if accuracy < reference - max_accuracy_drop - 1e-12:
         failures.append(f"accuracy {accuracy:.4f} is below the evaluation's {reference:.4f} on the same rows by more "
                         f"than {max_accuracy_drop:g}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 from steps.contract import APPROVED, DEPLOY_LAMBDA_TIMEOUT_S, MODEL_PACKAGE_EVENT
@@ -134,6 +135,9 @@ def _route(event: dict, account: sagemaker_account.SageMakerAccount) -> dict[str
 def lambda_handler(event: dict, context: Any = None) -> dict[str, Any]:
     """Entry point of the deploy Lambda. A refusal raises, so a LambdaStep fails with the message."""
     settings = sagemaker_account.Settings.from_env(os.environ)
-    result = handle(event or {}, sagemaker_account.SageMakerAccount.from_boto3(settings))
+    account = sagemaker_account.SageMakerAccount.from_boto3(settings)
+    if hasattr(context, "get_remaining_time_in_millis"):  # the endpoint test leaves time for its verdict
+        account.deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000
+    result = handle(event or {}, account)
     print(json.dumps({k: v for k, v in result.items() if k != "outcomes"}))  # one summary line per invocation
     return result

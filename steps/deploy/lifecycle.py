@@ -145,6 +145,9 @@ class Account(Protocol):
     def expected(self, version: Version) -> dict[str, Any]:
         """What its endpoint must show (endpoint_check.expectation of its environment and evaluation report)."""
 
+    def test_seconds(self) -> float | None:
+        """How long the endpoint test may send rows (None: no limit): the verdict must be written in the time left."""
+
     def alert(self, line: str, detail: dict[str, Any]) -> None: ...
 
 
@@ -294,7 +297,8 @@ class Lifecycle:
                                         max_accuracy_drop=self.policy.max_accuracy_drop,
                                         p95_budget_ms=self.policy.p95_ms, expected=self.account.expected(version),
                                         p50_factor=self.policy.p50_factor,
-                                        p50_overhead_ms=self.policy.p50_overhead_ms)
+                                        p50_overhead_ms=self.policy.p50_overhead_ms,
+                                        time_budget_s=self.account.test_seconds())
         values = endpoint_check.metadata(result, self.now())
         self.account.set_metadata(version, values)
         line = f"staging test of version {version.number} on {endpoint.name}: {endpoint_check.summary(result)}"

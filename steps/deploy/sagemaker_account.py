@@ -35,6 +35,8 @@ SUBJECT_LIMIT = 99  # SNS: a subject is under 100 ASCII characters, one line
 REVISION = "lifecycle_revision"  # the metadata's revision, claimed under MARKERS_S3_URI by each write
 ABANDONED_S = 10.0  # a revision claimed this long ago and still not written: its writer died
 FINISHED = b"handled"  # the body of an event's marker once its invocation finished
+RUNTIME_READ_TIMEOUT_S = 70  # an endpoint answers within 60 s (InvokeEndpoint), or with a ModelError
+VERDICT_S = 60  # what recording a test's verdict takes: the metadata writes, an alert, an auto-promotion
 
 
 TARGET_INVOCATIONS = 100.0  # production autoscaling's target: invocations per instance per minute
@@ -152,6 +154,7 @@ class SageMakerAccount:
         self.settings, self.sm, self.s3, self.sns = settings, sagemaker, s3, sns
         self.autoscaling, self._runtime = autoscaling, runtime
         self.alerts: list[str] = []
+        self.deadline: float | None = None  # time.monotonic() when the Lambda invocation is killed (None: never)
 
     @classmethod
     def from_boto3(cls, settings: Settings, session: Any = None) -> SageMakerAccount:
@@ -161,7 +164,7 @@ class SageMakerAccount:
 
         session = session or boto3.session.Session()
         runtime = session.client("sagemaker-runtime", config=Config(
-            read_timeout=70, connect_timeout=5, retries={"max_attempts": 1, "mode": "standard"}))
+            read_timeout=RUNTIME_READ_TIMEOUT_S, connect_timeout=5, retries={"max_attempts": 1, "mode": "standard"}))
         return cls(settings, session.client("sagemaker"), s3=session.client("s3"), sns=session.client("sns"),
                    autoscaling=session.client("application-autoscaling"), runtime=runtime)
 
@@ -302,6 +305,12 @@ class SageMakerAccount:
 
     def runtime(self, stage: str) -> Any:
         return self._runtime
+
+    def test_seconds(self) -> float | None:
+        """Until the invocation's end, less one request's read timeout and the time to record the verdict."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic() - RUNTIME_READ_TIMEOUT_S - VERDICT_S)
 
     def sample(self, version: lifecycle.Version) -> list[dict[str, Any]]:
         package = self.sm.describe_model_package(ModelPackageName=version.arn)
