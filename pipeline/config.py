@@ -38,7 +38,7 @@ class PipelineSettings(Section):
 class Images(Section):
     """Container image URIs; `{region}` is replaced by `aws.region`."""
 
-    training: str = Field(pattern=r"neuronx")
+    training: str  # a pytorch-training-neuronx DLC (backend xla), or your TorchNeuron image (backend native)
     processing: str
     inference: str
     evaluation: str | None = None  # Evaluate's image; default: the inference image (int8 decided where it serves)
@@ -227,6 +227,19 @@ class Config(Section):
                     f"aws.vpc.internet=False: the steps cannot reach PyPI or the Hugging Face Hub; expected "
                     f"{', '.join(missing)} to be s3:// URIs (wheels, base model and data staged in S3)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _training_image_fits_the_backend(self) -> Config:
+        """XLA needs a Neuron (neuronx) image; TorchNeuron is in no SageMaker DLC, whose neuronx images ship XLA."""
+        image, backend = self.images.training, self.training.backend
+        if backend == "xla" and "neuronx" not in image:
+            raise ValueError(f"images.training={image!r}: expected a pytorch-training-neuronx image (PyTorch/XLA on "
+                             f"Neuron) for training.backend=xla")
+        if backend == "native" and "/pytorch-training-neuronx:" in image:
+            raise ValueError(f"images.training={image!r}: expected an image you built with TorchNeuron for "
+                             f"training.backend=native (the pytorch-training-neuronx DLCs ship PyTorch/XLA, whose "
+                             f"train.py fails on every rank with no 'neuron' device; see docs/trainium.md)")
         return self
 
     @model_validator(mode="after")

@@ -10,7 +10,13 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.config_backend import NeuronBackend
 from pipeline.config_base import INSTANCE_TYPE, S3_URI, Section
-from pipeline.devices import default_batch_size, global_batch_size, scaled_learning_rate
+from pipeline.devices import (
+    MULTI_NODE_NEURON_TYPES,
+    default_batch_size,
+    device_kind,
+    global_batch_size,
+    scaled_learning_rate,
+)
 
 AUTO = "auto"
 PACKAGE = "package:"  # training.model_id "package:NAME": the model folder that the Python package NAME ships
@@ -96,6 +102,15 @@ class Training(NeuronBackend):
             raise ValueError(f"training.max_steps={v}: expected a number of optimizer steps >= 1, or -1 for "
                              "no limit (train for training.epochs)")
         return v
+
+    @model_validator(mode="after")
+    def _multi_node(self) -> Training:
+        if (self.instance_count > 1 and device_kind(self.instance_type) == "neuron"
+                and self.instance_type not in MULTI_NODE_NEURON_TYPES):
+            raise ValueError(f"training.instance_count={self.instance_count}: expected 1 on {self.instance_type} "
+                             f"(Neuron's collectives between instances need EFA: use one of "
+                             f"{', '.join(MULTI_NODE_NEURON_TYPES)} for several)")
+        return self
 
     @model_validator(mode="after")
     def _spot_wait(self) -> Training:

@@ -106,6 +106,9 @@ class Steps(StepParts):
             "sagemaker_submit_directory": json.dumps(bundles()["training"].uri(self.cfg.s3_root)),
             "sagemaker_torch_distributed_enabled": "true",
             "sagemaker_instance_type": parameters.train_instance_type,
+            # ResourceConfig is no cache key attribute: without the count in one, an execution moving Train to more
+            # instances (compiled graphs and checkpoints differ with the world size) would reuse the earlier run
+            "sagemaker_instance_count": parameters.train_instance_count.to_string(),
             "sagemaker_region": json.dumps(self.cfg.aws.region),
         }
 

@@ -29,6 +29,10 @@ DEVICES: dict[str, int] = {
     "ml.g6.48xlarge": 8,
 }
 
+# Trainium types whose instances can train together: Neuron's collectives between instances need EFA (what
+# training/train.py's EFA_INSTANCE_TYPES holds; a test keeps the two equal).
+MULTI_NODE_NEURON_TYPES = ("ml.trn1.32xlarge", "ml.trn1n.32xlarge", "ml.trn2.48xlarge")
+
 # Per-device batch by device kind. NeuronCore: the microbatch of Neuron's published BERT recipe. GPU: 256 (on an
 # H200, benchmarks/bench_train_peer.py measured train.py at 5,543 samples/s at 256 against 16: ~300 at the former
 # default). CPU (local runs, tests): 16.

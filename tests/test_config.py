@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pipeline.config import Config, ConfigError, load_config, parse_override
+from pipeline.devices import MULTI_NODE_NEURON_TYPES
 
 SHIPPED = Path(__file__).resolve().parent.parent / "pipeline.yaml"
 
@@ -70,14 +73,42 @@ def test_spot_wait_must_cover_the_runtime():
         load_config(SHIPPED, ["training.spot.enabled=true", "training.spot.max_wait_seconds=3600"], environ={})
 
 
+def test_several_instances_of_a_trainium_type_without_efa_are_refused():
+    """Neuron's collectives between instances need EFA, which trn1.2xlarge lacks; train.py lists the same types."""
+    with pytest.raises(ConfigError, match="training.instance_count=4: expected 1 on ml.trn1.2xlarge"):
+        load_config(SHIPPED, ["training.instance_type=ml.trn1.2xlarge", "training.instance_count=4"], environ={})
+    for instance_type in MULTI_NODE_NEURON_TYPES:
+        cfg = load_config(SHIPPED, [f"training.instance_type={instance_type}", "training.instance_count=2"],
+                          environ={})
+        assert cfg.training.instance_count == 2
+    train = ast.parse((Path(__file__).resolve().parent.parent / "training" / "train.py").read_text())
+    listed = next(ast.literal_eval(node.value) for node in train.body if isinstance(node, ast.Assign)
+                  and getattr(node.targets[0], "id", "") == "EFA_INSTANCE_TYPES")
+    assert listed == MULTI_NODE_NEURON_TYPES
+
+
 def test_native_backend_is_refused_on_trn1_in_one_line():
     for instance_type in ("ml.trn1.32xlarge", "ml.trn1n.32xlarge"):
         with pytest.raises(ConfigError) as error:
             load_config(SHIPPED, ["training.backend=native", f"training.instance_type={instance_type}"], environ={})
         assert f"training.backend=native: TorchNeuron runs on trn2/trn3 only, not training.instance_type=" \
                f"{instance_type}" in str(error.value) and "\n" not in str(error.value)
-    native = load_config(SHIPPED, ["training.backend=native", "training.instance_type=ml.trn2.48xlarge"], environ={})
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/bert-torchneuron:2.13"  # no "neuronx" in its name
+    native = load_config(SHIPPED, ["training.backend=native", "training.instance_type=ml.trn2.48xlarge",
+                                   f"images.training={image}"], environ={})
     assert native.training.backend == "native" and not native.training.precompile_job
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["training.backend=native", "training.instance_type=ml.trn2.48xlarge"],
+     "expected an image you built with TorchNeuron for training.backend=native"),
+    (["images.training=123456789012.dkr.ecr.us-east-1.amazonaws.com/bert-torchneuron:2.13"],
+     "expected a pytorch-training-neuronx image (PyTorch/XLA on Neuron) for training.backend=xla"),
+])
+def test_the_training_image_must_carry_the_backends_pytorch(sets, message):
+    """The DLC's XLA torch-neuronx has no TorchNeuron device: native on it failed only once the trn2 job ran."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(SHIPPED, sets, environ={})
 
 
 def test_environment_then_set_overrides_apply_in_that_order():

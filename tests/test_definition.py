@@ -153,7 +153,7 @@ def test_training_step_runs_torchrun_in_the_neuronx_container(steps):
     assert re.fullmatch(r"[0-9a-f]{16}", checkpoints["Values"][1])
     assert checkpoints["Values"][2:] == [{"Get": "Steps.Tokenize.ProcessingJobName"}] + [
         {"Get": f"Parameters.{name}"} for name in ("BatchSize", "Epochs", "LearningRate", "MaxLength",
-                                                   "TrainInstanceType")]
+                                                   "TrainInstanceCount", "TrainInstanceType")]
 
     assert (
         args["Environment"]["NEURON_COMPILE_CACHE_URL"] == "s3://my-sagemaker-bucket/trainium-bert/neuron-compile-cache"
@@ -413,8 +413,9 @@ def test_precompile_fills_the_compile_cache_before_train(steps, no_network_modul
         assert precompile[same] == train[same], same
     assert "CheckpointConfig" not in precompile  # it saves nothing to resume from
     assert steps["Train"]["DependsOn"] == ["Precompile"]
-    for off in ("training.compile_ahead=false", "training.backend=native"):
-        overrides = [off, "training.instance_type=ml.trn2.48xlarge"]
+    native = ["training.backend=native", "images.training=123456789012.dkr.ecr.us-east-1.amazonaws.com/torchneuron:1"]
+    for off in (["training.compile_ahead=false"], native):
+        overrides = [*off, "training.instance_type=ml.trn2.48xlarge"]
         dag = json.loads(definition(load_config(ROOT / "pipeline.yaml", overrides, environ={})))
         names = [s["Name"] for s in dag["Steps"]]
         assert "Precompile" not in names and "DependsOn" not in dag["Steps"][1], off
@@ -455,6 +456,18 @@ def test_no_cache_key_attribute_of_a_job_step_differs_per_execution(steps):
         if step["Type"] in KEY_ATTRIBUTES:
             keyed = {a: step["Arguments"].get(a) for a in KEY_ATTRIBUTES[step["Type"]]}
             assert step["CacheConfig"]["Enabled"] and "Execution." not in json.dumps(keyed), name
+
+
+def test_every_parameter_a_job_step_reads_is_in_its_cache_key(steps):
+    """A parameter read only outside the key attributes (TrainInstanceCount in ResourceConfig) would let an
+    execution that changes it reuse an earlier run: Train on more instances would be a cache hit."""
+    from pipeline.local.cache import KEY_ATTRIBUTES
+
+    for name, step in steps.items():
+        if step["Type"] in KEY_ATTRIBUTES and step.get("CacheConfig", {}).get("Enabled"):
+            keyed = json.dumps({a: step["Arguments"].get(a) for a in KEY_ATTRIBUTES[step["Type"]]})
+            read = set(re.findall(r'"Parameters\.(\w+)"', json.dumps(step["Arguments"])))
+            assert {p for p in read if f'"Parameters.{p}"' not in keyed} == set(), name
 
 
 @pytest.mark.parametrize(("sets", "cached"), [([], True), (["data.source=s3://bucket/reviews/"], False),

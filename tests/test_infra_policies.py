@@ -375,6 +375,20 @@ def test_execution_role_grants_what_the_steps_need_and_nothing_beyond(kms):
     assert [s["Resource"] for s in kms_statements] == ([[KEY]] if kms else [])
 
 
+def test_the_execution_role_pulls_each_image_from_its_own_registry():
+    """A TorchNeuron image built in your own ECR beside the DLCs (backend native): bootstrap refused two registries."""
+    own = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/bert-torchneuron:2.13"
+    config = cfg(**{"training.backend": "native", "training.instance_type": "ml.trn2.48xlarge",
+                    "images.training": own})
+    resources = rendered(config=config)
+    pulls = [s for r in resources.values() if r["Type"] == "AWS::IAM::Policy"
+             for s in statements(r["Properties"]["PolicyDocument"]) if "ecr:BatchGetImage" in s["Action"]]
+    granted = {r for s in pulls for r in s["Resource"]}
+    assert f"arn:aws:ecr:{REGION}:{ACCOUNT}:repository/bert-torchneuron" in granted
+    assert f"arn:aws:ecr:{REGION}:763104351884:repository/huggingface-pytorch-inference" in granted
+    assert not any(r.endswith("/pytorch-training-neuronx") for r in granted)
+
+
 def test_bucket_is_private_encrypted_versioned_and_tls_only():
     for kms in (False, True):
         resources = rendered(kms)

@@ -270,8 +270,11 @@ def test_neuron_environment_for_single_and_multi_node(tmp_path):
             "FI_PROVIDER": "efa",
             "FI_EFA_USE_DEVICE_RDMA": "1",
         }, "what the job sets wins"
-    two_small = {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_INSTANCE_TYPE": "ml.trn1.2xlarge"}
-    assert set(train.neuron_environment(two_small, tmp_path)) == {"NEURON_CC_FLAGS"}  # no EFA on trn1.2xlarge
+    one_small = {"SM_HOSTS": '["algo-1"]', "SM_CURRENT_INSTANCE_TYPE": "ml.trn1.2xlarge"}
+    assert set(train.neuron_environment(one_small, tmp_path)) == {"NEURON_CC_FLAGS"}  # no EFA on trn1.2xlarge
+    with pytest.raises(ValueError, match="2 instances of ml.trn1.2xlarge: Neuron's collectives between instances "
+                                         "need EFA"):
+        train.neuron_environment({**one_small, "SM_HOSTS": '["algo-1", "algo-2"]'}, tmp_path)
 
 
 def test_every_metric_definition_reads_a_number_from_the_real_log(workspace, runs):

@@ -295,15 +295,19 @@ def neuron_environment(environ: dict[str, str], checkpoint_dir: Path) -> dict[st
     --retry_failed_compilation (the BERT sample's: a compile cut short, by a spot reclaim say, is cached as failed and
     would otherwise be skipped by every later job sharing the cache) and the compile cache. Multi-node on an EFA
     instance type: FI_PROVIDER=efa with device RDMA and fork safety (the DataLoader forks workers), which the
-    training toolkit sets for trn1.32xlarge only, not trn1n / trn2."""
+    training toolkit sets for trn1.32xlarge only, not trn1n / trn2. Several instances of a Trainium type without EFA
+    (trn1.2xlarge) are refused: the collectives between them have no transport."""
     flags = environ.get("NEURON_CC_FLAGS", "")
     cache = environ.get("NEURON_COMPILE_CACHE_URL") or str(checkpoint_dir / "neuron-compile-cache")
     for flag in (*NEURON_CC_FLAGS, f"--cache_dir={cache}"):
         if flag.split("=")[0] not in flags:
             flags = f"{flags} {flag}".strip()
     wanted = {"NEURON_CC_FLAGS": flags}
-    hosts = json.loads(environ.get("SM_HOSTS") or "[]")
-    if len(hosts) > 1 and environ.get("SM_CURRENT_INSTANCE_TYPE") in EFA_INSTANCE_TYPES:
+    hosts, instance_type = json.loads(environ.get("SM_HOSTS") or "[]"), environ.get("SM_CURRENT_INSTANCE_TYPE", "")
+    if len(hosts) > 1 and instance_type.startswith("ml.trn") and instance_type not in EFA_INSTANCE_TYPES:
+        raise ValueError(f"{len(hosts)} instances of {instance_type}: Neuron's collectives between instances need "
+                         f"EFA, which only {', '.join(EFA_INSTANCE_TYPES)} have; train on one instance or on those")
+    if len(hosts) > 1 and instance_type in EFA_INSTANCE_TYPES:
         wanted.update(FI_PROVIDER="efa", FI_EFA_USE_DEVICE_RDMA="1", FI_EFA_FORK_SAFE="1")
     return {k: v for k, v in wanted.items() if k == "NEURON_CC_FLAGS" or k not in environ}
 

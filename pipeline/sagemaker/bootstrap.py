@@ -119,7 +119,6 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
         "NoncurrentVersionExpirationDays": "30",
         **tracking_parameters(cfg),
     }
-    accounts = set()
     for key, parameter in IMAGE_PARAMETERS.items():
         uri = cfg.image(key)  # type: ignore[arg-type]
         match = IMAGE_URI.match(uri)
@@ -128,11 +127,8 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
                 f"images.{key}={uri!r}: expected an ECR image URI <account>.dkr.ecr.{cfg.aws.region}.amazonaws.com/"
                 f"<repository>:<tag> (the execution role may pull from the registry of aws.region only)"
             )
-        accounts.add(match.group(1))
+        params[parameter.replace("Repository", "Account")] = match.group(1)  # a DLC, or an image of your own ECR
         params[parameter] = match.group(3)
-    if len(accounts) != 1:
-        raise BootstrapError(f"images: from registries {sorted(accounts)}; expected one registry account")
-    params["ImageAccount"] = accounts.pop()
     return params
 
 
