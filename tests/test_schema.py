@@ -25,7 +25,7 @@ from jsonschema import Draft7Validator
 
 from pipeline.config import load_config
 from pipeline.dag.graph import flatten_steps
-from pipeline.dag.requests import placeholders
+from pipeline.dag.requests import RequestError, check_job_steps, placeholders
 from pipeline.definition import definition
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,6 +261,27 @@ def test_each_job_step_is_a_valid_request_of_the_service_model(dag, step, operat
     request = {**placeholders(flatten_steps(dag["Steps"])[step]["Arguments"], shape), **name}
     report = ParamValidator().validate(request, shape)
     assert not report.has_errors(), report.generate_report()
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("ContainerArguments", [{"Get": "Parameters.BatchSize"}],
+     "AppSpecification.ContainerArguments[0]: Parameters.BatchSize is Integer, the field takes a string"),
+    ("ContainerEntrypoint", [{"Std:Join": {"On": "", "Values": [{"Get": "Parameters.BatchSize"}]}}], None),
+])
+def test_a_parameter_read_where_its_type_does_not_fit_is_refused_before_create_pipeline(field, value, message):
+    """CreatePipeline: "Cannot assign property reference [Parameters.X] to argument of type [String]" (the SDK's
+    issues 2631, 4867); botocore's model cannot see it, a placeholder of the field's type hid it."""
+    dag = {"Parameters": [{"Name": "BatchSize", "Type": "Integer", "DefaultValue": 16}], "Steps": [{
+        "Name": "Edit", "Type": "Processing", "Arguments": {
+            "AppSpecification": {"ImageUri": "image", field: value},
+            "ProcessingResources": {"ClusterConfig": {"InstanceCount": {"Get": "Parameters.BatchSize"},
+                                                      "InstanceType": "ml.m5.xlarge", "VolumeSizeInGB": 30}},
+            "RoleArn": "arn:aws:iam::123456789012:role/r"}}]}
+    if message is None:
+        assert check_job_steps(dag) == ["Edit"]
+    else:
+        with pytest.raises(RequestError, match=re.escape(f"step Edit: {message}: CreatePipeline refuses it")):
+            check_job_steps(dag)
 
 
 def test_the_placeholders_keep_what_the_model_checks():

@@ -44,17 +44,37 @@ def resolve(step: dict, ctx: Context) -> dict:
     return drop_none(evaluate(step["Arguments"], ctx, f"step {step['Name']}"))
 
 
-def placeholders(node: Any, shape: Any) -> Any:
-    """`node` with each pipeline expression replaced by a value of the type `shape` expects there."""
+def placeholders(node: Any, shape: Any, parameters: dict[str, str] | None = None, where: str = "") -> Any:
+    """`node` with each pipeline expression replaced by a value of the type `shape` expects there. With the
+    definition's `parameters` (name -> type), a parameter read directly where its type does not fit is a
+    RequestError: CreatePipeline refuses an Integer in a string field ("Cannot assign property reference
+    [Parameters.X] to argument of type [String]"), which Std:Join (the SDK's to_string()) turns into a string."""
     if isinstance(node, dict) and len(node) == 1 and next(iter(node)) in EXPRESSIONS:
+        _check_parameter_type(node, shape.type_name, parameters or {}, where)
         return PLACEHOLDERS[shape.type_name]
     if shape.type_name == "structure" and isinstance(node, dict):
-        return {k: placeholders(v, shape.members[k]) if k in shape.members else v for k, v in node.items()}
+        return {k: placeholders(v, shape.members[k], parameters, f"{where}.{k}".lstrip("."))
+                if k in shape.members else v for k, v in node.items()}
     if shape.type_name == "list" and isinstance(node, list):
-        return [placeholders(v, shape.member) for v in node]
+        return [placeholders(v, shape.member, parameters, f"{where}[{i}]") for i, v in enumerate(node)]
     if shape.type_name == "map" and isinstance(node, dict):
-        return {k: placeholders(v, shape.value) for k, v in node.items()}
+        return {k: placeholders(v, shape.value, parameters, f"{where}.{k}") for k, v in node.items()}
     return node
+
+
+def _check_parameter_type(node: dict, field_type: str, parameters: dict[str, str], where: str) -> None:
+    reference = node.get("Get")
+    if not (isinstance(reference, str) and reference.startswith("Parameters.")):
+        return
+    name = reference.removeprefix("Parameters.")
+    kind = parameters.get(name)
+    if kind is None or (kind == "String") == (field_type == "string"):
+        return
+    fix = "pass it through Std:Join (the SDK's .to_string())" if field_type == "string" else \
+        "declare the parameter with the field's type"
+    raise RequestError(f"{where}: Parameters.{name} is {kind}, the field takes a {field_type}: CreatePipeline "
+                       f"refuses it (Cannot assign property reference [Parameters.{name}] to argument of type "
+                       f"[{field_type.capitalize()}]); {fix}")
 
 
 def validate(request: dict, operation: str, what: str) -> None:
@@ -73,7 +93,11 @@ def check_job_steps(definition: dict) -> list[str]:
         operation = OPERATIONS.get(step.get("Type"))
         if operation:
             shape = _service().operation_model(operation).input_shape
-            request = placeholders(drop_none(step["Arguments"]), shape)
+            types = {p["Name"]: p.get("Type", "String") for p in definition.get("Parameters", [])}
+            try:
+                request = placeholders(drop_none(step["Arguments"]), shape, types)
+            except RequestError as e:
+                raise RequestError(f"step {name}: {e}") from None
             if step["Type"] in JOB_NAMES:
                 request[JOB_NAMES[step["Type"]]] = "placeholder"
             validate(request, operation, f"step {name}")

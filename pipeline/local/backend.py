@@ -13,6 +13,7 @@ from pipeline.config import Config
 from pipeline.cost import ExecutionCost, stats_from_tarball
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.parameters import resolve
+from pipeline.dag.requests import check_job_steps
 from pipeline.dag.selection import RERUN, Selection, Source, check_retry, inherit, select
 from pipeline.errors import UserError
 from pipeline.local.account import NO_SCALING, endpoint_check, lifecycle
@@ -65,7 +66,9 @@ class LocalBackend:
         resolve(self.definition, parameters)
 
     def upsert(self) -> Upserted:
-        """What `upsert` does on AWS: put the step code at its content-hashed keys and store the definition."""
+        """What `upsert` does on AWS: check the job steps as requests, put the step code at its content-hashed keys
+        and store the definition."""
+        check_job_steps(self.definition)
         stored = self.layout.pipeline_definition(self.pipeline)
         report = Upserted(action="updated" if stored.exists() else "created",
                           pipeline_arn=f"{LOCAL_ARN}:pipeline/{self.pipeline.lower()}",
