@@ -284,6 +284,23 @@ def test_a_parameter_read_where_its_type_does_not_fit_is_refused_before_create_p
             check_job_steps(dag)
 
 
+def test_a_processing_input_outside_opt_ml_processing_is_refused():
+    """ProcessingS3Input.LocalPath must begin with /opt/ml/processing/; the local runner wrote such an input on the
+    host (/data, say) and ran."""
+    dag = {"Steps": [{"Name": "Edit", "Type": "Processing", "Arguments": {
+        "AppSpecification": {"ImageUri": "image"},
+        "ProcessingInputs": [{"InputName": "data", "S3Input": {
+            "S3Uri": "s3://b/d", "LocalPath": "/data", "S3DataType": "S3Prefix", "S3InputMode": "File"}}],
+        "ProcessingResources": {"ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.m5.xlarge",
+                                                  "VolumeSizeInGB": 30}},
+        "RoleArn": "arn:aws:iam::123456789012:role/r"}}]}
+    with pytest.raises(RequestError, match="step Edit: input data: LocalPath '/data': expected a path under "
+                                           "/opt/ml/processing/"):
+        check_job_steps(dag)
+    dag["Steps"][0]["Arguments"]["ProcessingInputs"][0]["S3Input"]["LocalPath"] = "/opt/ml/processing/input/data"
+    assert check_job_steps(dag) == ["Edit"]
+
+
 def test_the_placeholders_keep_what_the_model_checks():
     """A request with an unknown member or a wrong type still fails: the placeholders hide nothing else."""
     shape = SERVICE.operation_model("CreateTrainingJob").input_shape

@@ -16,6 +16,7 @@ OPERATIONS = {
 }
 JOB_NAMES = {"Processing": "ProcessingJobName", "Training": "TrainingJobName"}  # the member Pipelines adds itself
 EXPRESSIONS = ("Get", "Std:Join", "Std:JsonGet")
+PROCESSING_INPUTS = "/opt/ml/processing/"  # ProcessingS3Input.LocalPath "must begin with" it (API reference)
 PLACEHOLDERS = {"string": "placeholder", "integer": 1, "long": 1, "float": 1.0, "double": 1.0, "boolean": True}
 
 
@@ -100,6 +101,11 @@ def check_job_steps(definition: dict) -> list[str]:
                 raise RequestError(f"step {name}: {e}") from None
             if step["Type"] in JOB_NAMES:
                 request[JOB_NAMES[step["Type"]]] = "placeholder"
+            for item in request.get("ProcessingInputs", []) if step["Type"] == "Processing" else []:
+                path = (item.get("S3Input") or {}).get("LocalPath", PROCESSING_INPUTS)
+                if not (isinstance(path, str) and path.startswith(PROCESSING_INPUTS)):
+                    raise RequestError(f"step {name}: input {item.get('InputName')}: LocalPath {path!r}: expected "
+                                       f"a path under {PROCESSING_INPUTS} (where SageMaker puts a processing input)")
             validate(request, operation, f"step {name}")
             checked.append(name)
     return checked
