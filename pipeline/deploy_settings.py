@@ -4,6 +4,7 @@ use them directly, and `upsert` writes them into the deploy Lambda's environment
 from __future__ import annotations
 
 from pipeline.config import Config
+from pipeline.config_tracking import experiment
 from steps.deploy.lifecycle import Policy
 from steps.deploy.sagemaker_account import Settings, Stage
 
@@ -31,4 +32,6 @@ def settings(cfg: Config) -> Settings:
         topic_arn=cfg.alerts.topic_arn,
         policy=policy(cfg),
         markers_s3_uri=f"{cfg.s3_root}/{MARKERS}",
+        tracking_uri=cfg.tracking.server_arn,
+        experiment=experiment(cfg) if cfg.tracking.server_arn else None,
     )

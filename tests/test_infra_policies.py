@@ -150,8 +150,8 @@ def _lambda_calls() -> set[str]:
     `self.sns.X`, the runtime `client.invoke_endpoint`, and the operations named to get_paginator."""
     from pipeline.code import bundles
 
-    found = set()
-    for module in (m for m in bundles()["deploy"].files if m.endswith(".py")):
+    found = set()  # tracking.py speaks MLflow's REST API, no boto3 client: its actions are checked in test_tracking
+    for module in (m for m in bundles()["deploy"].files if m.endswith(".py") and not m.endswith("/tracking.py")):
         for node in ast.walk(ast.parse((ROOT / module).read_text())):
             if not isinstance(node, ast.Attribute):
                 continue

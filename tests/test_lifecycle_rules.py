@@ -17,13 +17,15 @@ from pipeline.sagemaker import triggers
 ROOT = Path(__file__).resolve().parent.parent
 REGION, ACCOUNT = "us-east-1", "123456789012"
 TOPIC = f"arn:aws:sns:{REGION}:{ACCOUNT}:trainium-bert-alerts"
+SERVER = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:mlflow-tracking-server/trainium-bert"
 
 
 @pytest.fixture
 def applied(moto_session):
     mock, aws = moto_session
     mock.reset()
-    cfg = load_config(ROOT / "pipeline.yaml", [f"alerts.topic_arn={TOPIC}"], environ={})
+    cfg = load_config(ROOT / "pipeline.yaml", [f"alerts.topic_arn={TOPIC}", f"tracking.server_arn={SERVER}"],
+                      environ={})
     role = aws.client("iam").create_role(RoleName="deploy", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
     code = io.BytesIO()
     with zipfile.ZipFile(code, "w") as archive:
@@ -61,19 +63,22 @@ def event(detail_type: str, detail: dict) -> dict:
 def test_rules_targets_and_permissions(applied):
     cfg, aws, report = applied
     names = triggers.rule_names(cfg)
-    assert {names[k] for k in ("rollback-on-reject", "endpoint-state", "execution-alerts")} <= set(report)
+    assert {names[k] for k in ("rollback-on-reject", "endpoint-state", "execution-alerts",
+                               "execution-tracking")} <= set(report)
     events = aws.client("events")
-    for kind in ("rollback-on-reject", "endpoint-state"):
+    for kind in ("rollback-on-reject", "endpoint-state", "execution-tracking"):
         (target,) = events.list_targets_by_rule(Rule=names[kind])["Targets"]
         assert target["Arn"] == cfg.deploy_lambda_arn
     (alert,) = events.list_targets_by_rule(Rule=names["execution-alerts"])["Targets"]
     assert alert["Arn"] == TOPIC and "<aws.events.event.json>" in alert["InputTransformer"]["InputTemplate"]
     policy = json.loads(aws.client("lambda").get_policy(FunctionName=cfg.deploy.lambda_function_name)["Policy"])
     sources = {s["Condition"]["ArnLike"]["AWS:SourceArn"].rsplit("/", 1)[-1] for s in policy["Statement"]}
-    assert sources == {names["deploy-on-approval"], names["rollback-on-reject"], names["endpoint-state"]}
+    assert sources == {names["deploy-on-approval"], names["rollback-on-reject"], names["endpoint-state"],
+                       names["execution-tracking"]}
     assert {row["action"] for row in triggers.apply(cfg, aws)} == {"unchanged"}  # idempotent
-    without = load_config(ROOT / "pipeline.yaml", [], environ={})  # no alerts topic: its rule goes
-    assert {r["name"]: r["action"] for r in triggers.apply(without, aws)}[names["execution-alerts"]] == "deleted"
+    without = load_config(ROOT / "pipeline.yaml", [], environ={})  # no alerts topic, no server: their rules go
+    gone = {r["name"]: r["action"] for r in triggers.apply(without, aws)}
+    assert gone[names["execution-alerts"]] == gone[names["execution-tracking"]] == "deleted"
 
 
 def test_patterns_route_what_the_lifecycle_needs_and_nothing_else(applied):
@@ -107,4 +112,6 @@ def test_patterns_route_what_the_lifecycle_needs_and_nothing_else(applied):
     assert [b["detail"]["ModelApprovalStatus"] for b in received(aws, queues["deploy-on-approval"])] == ["Approved"]
     (alert,) = received(aws, queues["execution-alerts"])
     assert alert["line"] == f"pipeline trainium-bert execution {execution}: Failed"
+    (ended,) = received(aws, queues["execution-tracking"])  # a failed execution of this pipeline: its run ends
+    assert ended["detail"]["pipelineExecutionArn"] == execution
     assert alert["event"]["detail"]["currentPipelineExecutionStatus"] == "Failed"

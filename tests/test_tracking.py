@@ -210,6 +210,44 @@ def test_an_experiment_another_execution_creates_first_is_used(mlflow_server, mo
     assert made == MlflowClient(mlflow_server).get_experiment_by_name("raced").experiment_id
 
 
+def test_the_deploy_lambda_ends_the_run_of_a_failed_or_stopped_execution_left_running(mlflow_server):
+    """On AWS a step killed outright (its instance, memory, the execution stopped) leaves the run RUNNING; the
+    execution's Failed / Stopped event reaches the deploy Lambda, which ends it FAILED / KILLED, and only then."""
+    from types import SimpleNamespace
+
+    from mlflow.tracking import MlflowClient
+
+    from steps.deploy import handler
+    from steps.deploy.sagemaker_account import Settings
+
+    killed = {}
+    for execution in ("killed-train", "stopped", "succeeded"):
+        train = tracking.Tracker("Train", env(mlflow_server, execution))
+        train.log(metrics={"train_loss": 0.5})
+        killed[execution] = train.run_id
+    log_two_steps(env(mlflow_server, "evaluated"))  # Evaluate ended it FINISHED; a later step failed
+    settings = Settings.from_env({"MODEL_PACKAGE_GROUP": "g", "ENDPOINT_NAME": "e",
+                                  contract.TRACKING_URI_ENV: mlflow_server, contract.EXPERIMENT_ENV: "bert"})
+    account = SimpleNamespace(settings=settings)
+    arn = "arn:aws:sagemaker:us-east-1:123456789012:pipeline/trainium-bert/execution/"
+
+    def ended(execution: str, status: str) -> dict:
+        return handler.handle({"detail-type": handler.EXECUTION_EVENT, "id": execution, "detail": {
+            "pipelineExecutionArn": arn + execution, "currentPipelineExecutionStatus": status}}, account)
+
+    assert ended("killed-train", "Failed")["action"] == "run-ended"
+    assert ended("stopped", "Stopped")["action"] == "run-ended"
+    assert ended("succeeded", "Succeeded")["action"] == "ignored"
+    assert ended("evaluated", "Failed")["reason"] == "no RUNNING MLflow run of execution evaluated"
+    client = MlflowClient(mlflow_server)
+    status = {e: client.get_run(run).info.status for e, run in killed.items()}
+    assert status == {"killed-train": "FAILED", "stopped": "KILLED", "succeeded": "RUNNING"}
+    evaluated = client.search_runs([client.get_experiment_by_name("bert").experiment_id],
+                                   f"tags.`{contract.EXECUTION_TAG}` = 'evaluated'")
+    assert evaluated[0].info.status == "FINISHED"
+    assert ended("killed-train", "Failed")["reason"].startswith("no RUNNING")  # a second delivery: nothing to end
+
+
 class BlackHole:
     """A port that accepts connections and never answers; counts them."""
 
@@ -402,6 +440,20 @@ def test_the_execution_role_may_make_the_trackers_calls_on_the_tracking_server_o
     created, configured = policy["Statement"][0]["Resource"]["Fn::If"][1:]
     assert policy["Statement"][0]["Resource"]["Fn::If"][0] == "CreatesTrackingServer"
     assert created == {"Fn::GetAtt": ["TrackingServer", "TrackingServerArn"]} and "Fn::Sub" in configured
+
+
+def test_the_deploy_lambda_may_end_runs_on_the_tracking_server_only():
+    from test_infra_policies import cfg, rendered, statements
+
+    from pipeline.sagemaker.policies import policies
+
+    assert "DeployLambdaTrackingPolicy" not in rendered()
+    config = cfg(**{"tracking.server_arn": ARN})
+    (statement,) = statements(rendered(config=config)["DeployLambdaTrackingPolicy"]["Properties"]["PolicyDocument"])
+    assert sorted(statement["Action"]) == sorted(f"sagemaker-mlflow:{a}" for a in tracking.END_RUN_ACTIONS)
+    assert statement["Resource"] == [ARN]
+    printed = {s["Sid"]: s for s in policies(config)["deploy-lambda-role"]["Statement"]}["EndOpenRuns"]
+    assert sorted(printed["Action"]) == sorted(statement["Action"]) and printed["Resource"] == [ARN]
 
 
 def test_runs_says_where_it_would_read_and_why_not(tmp_path):

@@ -149,7 +149,8 @@ def test_apply_twice_leaves_one_copy_of_each_rule_and_target(aws):
     second = triggers.apply(cfg, aws)
     assert [r["action"] for r in second] == ["unchanged"] * 5
     names = triggers.rule_names(cfg)
-    assert rules(aws) == sorted(n for kind, n in names.items() if kind != "execution-alerts")
+    assert rules(aws) == sorted(n for kind, n in names.items() if kind not in ("execution-alerts",
+                                                                                "execution-tracking"))
     assert [t["Id"] for t in targets(aws, names["deploy-on-approval"])] == ["deploy-lambda"]
     assert [t["Id"] for t in targets(aws, names["schedule"])] == ["start-pipeline"]
     assert [t["Id"] for t in targets(aws, names["on-new-data"])] == ["start-pipeline"]
@@ -437,7 +438,7 @@ def test_delete_removes_exactly_what_apply_made(aws):
     cfg = config()
     aws.client("events").put_rule(Name="someone-elses-rule", ScheduleExpression="rate(1 day)")
     triggers.apply(with_triggers(cfg, schedule="rate(1 day)", on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
-    made = [n for kind, n in triggers.rule_names(cfg).items() if kind != "execution-alerts"]  # no alerts topic
+    made = [n for kind, n in triggers.rule_names(cfg).items() if kind not in ("execution-alerts", "execution-tracking")]
     assert sorted(triggers.delete(cfg, aws)) == sorted(made)
     assert rules(aws) == ["someone-elses-rule"]
     assert triggers.list_(cfg, aws) == []

@@ -39,8 +39,10 @@ EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 EXECUTION_ENV = "PIPELINE_EXECUTION_ID"
 EXECUTION_TAG = "pipeline.execution_id"
 UNTRACKED = "none"  # the run id of an untracked step, for the report
-# the IAM actions (sagemaker-mlflow:ACTION) of RestStore's calls: what the execution role is granted on the server
+# the IAM actions (sagemaker-mlflow:ACTION) of RestStore's calls: what the execution role is granted on the server,
+# and of end_open's: what the deploy Lambda's role is
 SERVER_ACTIONS = ("GetExperimentByName", "CreateExperiment", "SearchRuns", "CreateRun", "LogBatch", "UpdateRun")
+END_RUN_ACTIONS = ("GetExperimentByName", "SearchRuns", "UpdateRun")
 DEFAULT_EXPERIMENT = "trainium-bert"
 DEFAULT_TIMEOUT_S = 5.0
 # Where a SageMaker job finds its own name: training jobs in the environment, processing jobs in this file.
@@ -81,6 +83,11 @@ def batches(metrics: list, params: list, tags: list) -> list[tuple[list, list, l
     return out or [([], [], [])]
 
 
+def run_filter(execution: str, running: bool = False) -> str:
+    """MLflow's search filter of the execution's run (only while it is RUNNING with `running`)."""
+    return f"tags.`{EXECUTION_TAG}` = '{execution}'" + (" and attributes.status = 'RUNNING'" if running else "")
+
+
 class RestStore:
     """The six MLflow REST calls a step makes, to a server at an http(s) URL or a SageMaker managed MLflow ARN."""
 
@@ -117,13 +124,15 @@ class RestStore:
         SigV4Auth(botocore.session.get_session().get_credentials(), "sagemaker-mlflow", self.region).add_auth(request)
         return dict(request.headers.items())
 
-    def experiment_id(self, name: str) -> str:
+    def experiment_id(self, name: str, create: bool = True) -> str | None:
         try:
             return self._call("GET", "experiments/get-by-name", query={"experiment_name": name})["experiment"][
                 "experiment_id"]
         except urllib.error.HTTPError as e:
             if e.code != 404:
                 raise
+        if not create:
+            return None
         try:
             return self._call("POST", "experiments/create", {"name": name})["experiment_id"]
         except urllib.error.HTTPError as e:  # another execution's first step created it in between
@@ -132,9 +141,9 @@ class RestStore:
         return self._call("GET", "experiments/get-by-name", query={"experiment_name": name})["experiment"][
             "experiment_id"]
 
-    def find_run(self, experiment_id: str, execution: str) -> str | None:
+    def find_run(self, experiment_id: str, execution: str, running: bool = False) -> str | None:
         found = self._call("POST", "runs/search", {"experiment_ids": [experiment_id], "max_results": 1,
-                                                  "filter": f"tags.`{EXECUTION_TAG}` = '{execution}'"})
+                                                  "filter": run_filter(execution, running)})
         return found["runs"][0]["info"]["run_id"] if found.get("runs") else None
 
     def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
@@ -167,16 +176,16 @@ class LibraryStore:
             self.client = MlflowClient(uri)
             self.client.search_experiments(max_results=1)
 
-    def experiment_id(self, name: str) -> str:
+    def experiment_id(self, name: str, create: bool = True) -> str | None:
         with store_lock(self.uri):  # two executions' first steps create the experiment once
             found = self.client.get_experiment_by_name(name)
-            if found:
-                return found.experiment_id
+            if found or not create:
+                return found.experiment_id if found else None
             folder = os.path.dirname(self.uri.removeprefix("sqlite:///")) if self.uri.startswith("sqlite:///") else "."
             return self.client.create_experiment(name, artifact_location=os.path.join(folder, "mlartifacts", name))
 
-    def find_run(self, experiment_id: str, execution: str) -> str | None:
-        runs = self.client.search_runs([experiment_id], f"tags.`{EXECUTION_TAG}` = '{execution}'", max_results=1)
+    def find_run(self, experiment_id: str, execution: str, running: bool = False) -> str | None:
+        runs = self.client.search_runs([experiment_id], run_filter(execution, running), max_results=1)
         return runs[0].info.run_id if runs else None
 
     def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
@@ -292,6 +301,21 @@ class Tracker:
                 self.store.finish(self.run_id)
             except Exception as e:
                 self._off(f"{type(e).__name__}: {str(e)[:200]}")
+
+    def end_open(self, status: str) -> str | None:
+        """End the execution's run with `status` (FAILED, KILLED) if it is still RUNNING, which a step killed
+        outright leaves it (the deploy Lambda calls this when the execution has ended); its id, else None."""
+        if not self.enabled:
+            return None
+        try:
+            experiment = self.store.experiment_id(self.experiment, create=False)
+            run_id = self.store.find_run(experiment, self.execution, running=True) if experiment else None
+            if run_id:
+                self.store.finish(run_id, status)
+            return run_id
+        except Exception as e:
+            self._off(f"{type(e).__name__}: {str(e)[:200]}")
+            return None
 
     def fail(self) -> None:
         """Mark the execution's run FAILED, if it has one (a failing step calls it; no run is created for it)."""

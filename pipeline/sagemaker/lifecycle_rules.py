@@ -1,6 +1,7 @@
 """The model lifecycle's EventBridge rules, which `triggers apply` puts beside the approval rule: a rejection and the
-staging / production endpoints' state changes invoke the deploy Lambda; the end of an execution goes to the alerts
-topic (as a JSON object: one readable line, then the event)."""
+staging / production endpoints' state changes invoke the deploy Lambda, and so does a failed or stopped execution
+with a tracking server (its MLflow run ends); the end of an execution goes to the alerts topic (as a JSON object:
+one readable line, then the event)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ DEPLOY_TARGET_ID = "deploy-lambda"
 ALERTS_TARGET_ID = "alerts-topic"
 ENDPOINT_EVENT = "SageMaker Endpoint State Change"
 EXECUTION_EVENT = "SageMaker Model Building Pipeline Execution Status Change"
-LIFECYCLE_KINDS = ("rollback-on-reject", "endpoint-state", "execution-alerts")
+LIFECYCLE_KINDS = ("rollback-on-reject", "endpoint-state", "execution-alerts", "execution-tracking")
 
 
 def rejection_pattern(cfg: Config) -> dict:
@@ -34,12 +35,11 @@ def endpoint_state_pattern(cfg: Config) -> dict:
     }
 
 
-def execution_pattern(cfg: Config) -> dict:
+def execution_pattern(cfg: Config, statuses: tuple[str, ...] = ("Failed", "Succeeded", "Stopped")) -> dict:
     return {
         "source": ["aws.sagemaker"],
         "detail-type": [EXECUTION_EVENT],
-        "detail": {"pipelineArn": [cfg.pipeline_arn], "currentPipelineExecutionStatus": ["Failed", "Succeeded",
-                                                                                            "Stopped"]},
+        "detail": {"pipelineArn": [cfg.pipeline_arn], "currentPipelineExecutionStatus": list(statuses)},
     }
 
 
@@ -68,6 +68,11 @@ def lifecycle_rules(cfg: Config, names: dict[str, str]) -> list[dict]:
          "Description": f"Test, promote, scale or retry when {cfg.deploy.staging_endpoint_name} or "
                         f"{cfg.deploy.endpoint_name} is InService or Failed"},
     ]
+    if cfg.tracking.server_arn:
+        rules.append({"Name": names["execution-tracking"], "Targets": deploy,
+                      "EventPattern": execution_pattern(cfg, ("Failed", "Stopped")),
+                      "Description": f"End the MLflow run of an execution of {cfg.pipeline.name} that failed or "
+                                     f"stopped, where a killed step left it RUNNING"})
     if cfg.alerts.topic_arn:
         rules.append({"Name": names["execution-alerts"], "EventPattern": execution_pattern(cfg),
                       "Targets": [execution_alert_target(cfg)],

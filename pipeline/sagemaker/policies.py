@@ -5,6 +5,7 @@ from __future__ import annotations
 from pipeline.config import Config
 from pipeline.deploy_settings import MARKERS
 from steps.contract import EVALUATION_OUTPUT, REPORT_FILE, SAMPLE_FILE
+from steps.deploy.tracking import END_RUN_ACTIONS
 
 AUTOSCALING_SLR = ("role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
                    "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
@@ -138,6 +139,12 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
                 "Resource": [kms_key_arn(cfg)],
             }] if cfg.aws.kms_key_id else []),
+            *([{  # a failed or stopped execution's MLflow run, where a killed step left it RUNNING
+                "Sid": "EndOpenRuns",
+                "Effect": "Allow",
+                "Action": [f"sagemaker-mlflow:{action}" for action in END_RUN_ACTIONS],
+                "Resource": [cfg.tracking.server_arn],
+            }] if cfg.tracking.server_arn else []),
             {
                 "Sid": "Logs",
                 "Effect": "Allow",

@@ -10,7 +10,9 @@ come from the environment (sagemaker_account.Settings). Callers, each handled by
   leave out ModelApprovalStatus (the lifecycle's own metadata writes) are ignored;
 - "SageMaker Endpoint State Change" of the staging or production endpoint: IN_SERVICE reconciles that stage (staging:
   the endpoint test of a new version, then auto-promotion if configured; production: autoscaling, and an approval or
-  rollback that waited for the update), FAILED is an alert.
+  rollback that waited for the update), FAILED is an alert;
+- "SageMaker Model Building Pipeline Execution Status Change", Failed or Stopped (with a tracking server): the
+  execution's MLflow run ends FAILED or KILLED where a step killed outright left it RUNNING.
 SageMaker may send several events per state change, and a failed invocation is retried: an event whose state change
 (`event_key`) was handled already, or is being handled, is ignored (one whose invocation was killed at the timeout
 is handled by the retry); the deploy Lambda runs one invocation at a time (reserved concurrency 1,
@@ -28,10 +30,13 @@ import os
 import time
 from typing import Any
 
+from steps import contract
 from steps.contract import APPROVED, DEPLOY_LAMBDA_TIMEOUT_S, MODEL_PACKAGE_EVENT
-from steps.deploy import lifecycle, sagemaker_account, sagemaker_endpoints
+from steps.deploy import lifecycle, sagemaker_account, sagemaker_endpoints, tracking
 
 ENDPOINT_EVENT = "SageMaker Endpoint State Change"
+EXECUTION_EVENT = "SageMaker Model Building Pipeline Execution Status Change"
+RUN_ENDS = {"Failed": "FAILED", "Stopped": "KILLED"}  # an ended execution's status -> its MLflow run's
 STATUS_FIELD = "ModelApprovalStatus"
 
 
@@ -71,6 +76,23 @@ def _endpoint_event(life: lifecycle.Lifecycle, account: sagemaker_account.SageMa
         return _ignored(f"endpoint status {detail.get('EndpointStatus')!r}")
     reason = account.failure_reason(stage) if status == "failed" else ""
     return result(life.on_endpoint(stage, status, reason), stage)
+
+
+def _execution_event(settings: sagemaker_account.Settings, detail: dict) -> dict[str, Any]:
+    """A failed or stopped execution: its MLflow run ends FAILED or KILLED if still RUNNING (a step killed outright,
+    by its instance, memory or the execution's stop, could not end it)."""
+    ended = RUN_ENDS.get(detail.get("currentPipelineExecutionStatus", ""))
+    if not ended or not settings.tracking_uri:
+        return _ignored(f"execution {detail.get('currentPipelineExecutionStatus')!r}"
+                        + ("" if settings.tracking_uri else ", and no tracking server"))
+    execution = str(detail.get("pipelineExecutionArn", "")).rsplit("/", 1)[-1]
+    tracker = tracking.Tracker("deploy", {contract.TRACKING_URI_ENV: settings.tracking_uri,
+                                          contract.EXECUTION_ENV: execution,
+                                          contract.EXPERIMENT_ENV: settings.experiment or tracking.DEFAULT_EXPERIMENT})
+    run_id = tracker.end_open(ended)
+    return {**_ignored(f"no RUNNING MLflow run of execution {execution}"), **(
+        {"action": "run-ended", "reason": f"MLflow run {run_id} of execution {execution} ended {ended}"}
+        if run_id else {})}
 
 
 def step(account: lifecycle.Account, policy: lifecycle.Policy, arn: str) -> dict[str, Any]:
@@ -126,10 +148,12 @@ def _route(event: dict, account: sagemaker_account.SageMakerAccount) -> dict[str
         return _package_event(life, account.settings, event.get("detail") or {})
     if kind == ENDPOINT_EVENT:
         return _endpoint_event(life, account, event.get("detail") or {})
+    if kind == EXECUTION_EVENT:
+        return _execution_event(account.settings, event.get("detail") or {})
     if event.get("model_package_arn"):
         return step(account, account.settings.policy, event["model_package_arn"])
-    raise UnknownEvent(f"unrecognised event: expected {{'model_package_arn': ...}}, a '{MODEL_PACKAGE_EVENT}' or an "
-                       f"'{ENDPOINT_EVENT}' EventBridge event; got keys {sorted(event)}")
+    raise UnknownEvent(f"unrecognised event: expected {{'model_package_arn': ...}}, a '{MODEL_PACKAGE_EVENT}', an "
+                       f"'{ENDPOINT_EVENT}' or an '{EXECUTION_EVENT}' EventBridge event; got keys {sorted(event)}")
 
 
 def lambda_handler(event: dict, context: Any = None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from steps.contract import EXPERIMENT_ENV, TRACKING_URI_ENV
 from steps.deploy import endpoint_check, lifecycle
 from steps.deploy import sagemaker_endpoints as endpoints
 
@@ -61,6 +62,8 @@ class Settings:
     topic_arn: str | None = None
     policy: lifecycle.Policy = field(default_factory=lifecycle.Policy)
     markers_s3_uri: str | None = None
+    tracking_uri: str | None = None  # the MLflow server whose RUNNING run of a failed or stopped execution it ends
+    experiment: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -94,7 +97,8 @@ class Settings:
             raise endpoints.DeployError(f"the deploy Lambda's environment: {e}") from None
         return cls(get("MODEL_PACKAGE_GROUP"), staging, production, env.get("SAGEMAKER_ROLE_ARN") or None,
                    env.get("DATA_CAPTURE_S3_URI") or None, env.get("GUARDRAILS_ALARM") or None, scaling,
-                   env.get("ALERTS_TOPIC_ARN") or None, policy, env.get("MARKERS_S3_URI") or None)
+                   env.get("ALERTS_TOPIC_ARN") or None, policy, env.get("MARKERS_S3_URI") or None,
+                   env.get(TRACKING_URI_ENV) or None, env.get(EXPERIMENT_ENV) or None)
 
     def to_env(self) -> dict[str, str]:
         """The Lambda's environment that `from_env` reads back as these settings (optional ones only when set)."""
@@ -119,7 +123,8 @@ class Settings:
         }
         optional = {"SAGEMAKER_ROLE_ARN": self.role_arn, "DATA_CAPTURE_S3_URI": self.data_capture_s3_uri,
                     "GUARDRAILS_ALARM": self.guardrails_alarm, "ALERTS_TOPIC_ARN": self.topic_arn,
-                    "MARKERS_S3_URI": self.markers_s3_uri}
+                    "MARKERS_S3_URI": self.markers_s3_uri, TRACKING_URI_ENV: self.tracking_uri,
+                    EXPERIMENT_ENV: self.experiment if self.tracking_uri else None}
         return variables | {key: value for key, value in optional.items() if value}
 
     def stage(self, stage: str) -> Stage:
