@@ -21,6 +21,8 @@ from pipeline.prices import DEFAULT_PRICES
 from steps.contract import APPROVAL_STATUSES, PENDING
 
 # Account-specific values that may come from the environment instead of the file.
+EXECUTION_ID_LENGTH = 12  # pipelines-<12 characters>-... : an execution id's length in its ARN and its jobs' names
+METADATA_VALUE_LENGTH = 256  # a CustomerMetadataProperties value of CreateModelPackage
 ENV_OVERRIDES = {
     "TRAINIUM_PIPELINE_REGION": "aws.region",
     "TRAINIUM_PIPELINE_ROLE_ARN": "aws.role_arn",
@@ -240,6 +242,16 @@ class Config(Section):
             raise ValueError(f"images.training={image!r}: expected an image you built with TorchNeuron for "
                              f"training.backend=native (the pytorch-training-neuronx DLCs ship PyTorch/XLA, whose "
                              f"train.py fails on every rank with no 'neuron' device; see docs/trainium.md)")
+        return self
+
+    @model_validator(mode="after")
+    def _execution_arn_fits_the_registry(self) -> Config:
+        """The registered version's metadata holds the execution's ARN: at most 256 characters there."""
+        longest = len(f"{self.pipeline_arn}/execution/") + EXECUTION_ID_LENGTH
+        if longest > METADATA_VALUE_LENGTH:
+            raise ValueError(f"pipeline.name={self.pipeline.name!r}: expected at most "
+                             f"{len(self.pipeline.name) - (longest - METADATA_VALUE_LENGTH)} characters (its "
+                             f"executions' ARNs go into the Model Registry's metadata, 256 characters at most)")
         return self
 
     @model_validator(mode="after")

@@ -87,6 +87,12 @@ def test_several_instances_of_a_trainium_type_without_efa_are_refused():
     assert listed == MULTI_NODE_NEURON_TYPES
 
 
+def test_a_pipeline_name_whose_execution_arns_overflow_the_registry_metadata_is_refused():
+    load_config(SHIPPED, [f"pipeline.name={'p' * 183}"], environ={})  # us-east-1: 73 + 183 = 256
+    with pytest.raises(ConfigError, match="pipeline.name='p{184}': expected at most 183 characters"):
+        load_config(SHIPPED, [f"pipeline.name={'p' * 184}"], environ={})
+
+
 def test_native_backend_is_refused_on_trn1_in_one_line():
     for instance_type in ("ml.trn1.32xlarge", "ml.trn1n.32xlarge"):
         with pytest.raises(ConfigError) as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -148,6 +149,32 @@ def test_parameters_are_cast_to_their_declared_types():
         resolve({"Parameters": declared, "Steps": []}, {"Name": ""})
     with pytest.raises(ParameterError, match="--param Name: 1025 characters; expected at most 1024"):
         resolve({"Parameters": declared, "Steps": []}, {"Name": "x" * 1025})
+
+
+@pytest.fixture(scope="module")
+def shipped_s3_dag(no_network_module) -> dict:
+    from pipeline.config import load_config
+    from pipeline.definition import definition
+
+    return json.loads(definition(load_config("pipeline.yaml", ["data.source=s3://bucket/reviews/"], environ={})))
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"ModelApprovalStatus": "approved"}, "--param ModelApprovalStatus='approved': RegisterModel.ModelApprovalStatus "
+     "takes it, and SageMaker would refuse it there: expected one of Approved, Rejected, PendingManualApproval"),
+    ({"InputData": "s3://bucket/reviews(2024)/"}, "--param InputData='s3://bucket/reviews(2024)/': RegisterModel."
+     "CustomerMetadataProperties.data_source takes it, and SageMaker would refuse it there: expected characters"),
+    ({"AccuracyThreshold": "85"}, "--param AccuracyThreshold=85: expected an accuracy between 0 and 1"),
+])
+def test_a_value_the_jobs_would_refuse_is_refused_at_start_not_after_training(shipped_s3_dag, override, message):
+    """StartPipelineExecution checks no value: a typo in ModelApprovalStatus failed RegisterModel after the whole
+    training, an S3 prefix with '(' likewise (the version's metadata has a narrower alphabet), a percent threshold
+    failed every gate."""
+    with pytest.raises(ParameterError, match=re.escape(message)):
+        resolve(shipped_s3_dag, override)
+    fine = {"ModelApprovalStatus": "Approved", "InputData": "s3://bucket/reviews-2024/Ünï/",
+            "AccuracyThreshold": "0.85", "TrainInstanceType": "ml.trn3.48xlarge"}  # a type newer than botocore's list
+    assert resolve(shipped_s3_dag, fine)["ModelApprovalStatus"] == "Approved"
 
 
 def test_graph_orders_by_data_dependencies_and_depends_on():

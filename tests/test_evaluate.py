@@ -362,8 +362,25 @@ def test_hand_computed_metrics_for_a_constant_model(model_dir: Path, tmp_path: P
     else:  # always negative: 4 of 7 right, no positive predicted
         assert values == pytest.approx({"accuracy": 4 / 7, "precision": 0.0, "recall": 0.0, "f1": 0.0})
         assert metrics["confusion_matrix"] == {"0": {"0": 4, "1": 0}, "1": {"0": 3, "1": 0}}
-    assert metrics["accuracy_best_constant_classifier"]["value"] == pytest.approx(4 / 7)
+    # Model Monitor's best constant classifier always says positive (its doc's example: 1 positive of 4 -> 0.25)
+    assert metrics["accuracy_best_constant_classifier"]["value"] == pytest.approx(3 / 7)
+    assert metrics["precision_best_constant_classifier"]["value"] == pytest.approx(3 / 7)
     assert metrics["auc"]["value"] == 0.5  # one margin for every row: all ties
+
+
+def test_a_one_class_split_writes_strict_json_with_nan_as_model_monitor_does(model_dir: Path, tmp_path: Path):
+    """The AUC of a test split with one class is not a number: evaluation.json said NaN, a token JSON lacks
+    (Studio's and any strict parser refuse the file); Model Monitor writes "NaN"."""
+    model = constant_model(model_dir, tmp_path / "model", 1)
+    test = write_split(tmp_path / "test", random_rows(5, labels=[1] * 5), shards=1)
+    evaluate(model, test, tmp_path / "eval")
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+
+    report = json.loads((tmp_path / "eval" / "evaluation.json").read_text(), parse_constant=refuse)
+    auc = report["binary_classification_metrics"]["auc"]
+    assert auc == {"value": "NaN", "standard_deviation": "NaN"}
 
 
 def test_batch_size_does_not_change_predictions(model_dir: Path, tmp_path: Path) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from pipeline.dag.graph import flatten_steps
 from pipeline.errors import UserError
-from steps.contract import INPUT_DATA
+from steps.contract import ACCURACY_THRESHOLD, INPUT_DATA
 
 CASTS: dict[str, Callable[[str], Any]] = {
     "String": str,
@@ -85,7 +86,69 @@ def resolve(definition: dict, overrides: Mapping[str, str], option: str = "--par
     if missing:
         raise ParameterError(f"parameter {missing[0]} has no default; pass --param {missing[0]}=VALUE")
     check_data_source(definition, values, option)
+    check_request_values(definition, values, option, set(overrides))
+    threshold = values.get(ACCURACY_THRESHOLD)
+    if isinstance(threshold, float) and not 0 <= threshold <= 1:
+        raise ParameterError(f"{option}{ACCURACY_THRESHOLD}={threshold:g}: expected an accuracy between 0 and 1 "
+                             f"(0.85, not 85)")
     return values
+
+
+def request_fields(definition: dict) -> Iterator[tuple[str, str, Any]]:
+    """(parameter, where, botocore shape) of each job request field whose whole value is a parameter."""
+    from pipeline.dag.requests import OPERATIONS, service
+
+    def walk(node: Any, shape: Any, where: str) -> Iterator[tuple[str, str, Any]]:
+        if isinstance(node, dict) and isinstance(node.get("Get"), str) and len(node) == 1:
+            if node["Get"].startswith("Parameters."):
+                yield node["Get"].split(".", 1)[1], where, shape
+        elif shape.type_name == "structure" and isinstance(node, dict):
+            for key, value in node.items():
+                if key in shape.members:
+                    yield from walk(value, shape.members[key], f"{where}.{key}")
+        elif shape.type_name == "list" and isinstance(node, list):
+            for value in node:
+                yield from walk(value, shape.member, f"{where}[]")
+        elif shape.type_name == "map" and isinstance(node, dict):
+            for key, value in node.items():
+                yield from walk(value, shape.value, f"{where}.{key}")
+
+    for name, step in flatten_steps(definition["Steps"]).items():
+        operation = OPERATIONS.get(step.get("Type"))
+        if operation:
+            yield from walk(step.get("Arguments", {}), service().operation_model(operation).input_shape, name)
+
+
+def service_pattern(pattern: str) -> str:
+    """A service model's pattern as Python's re reads it ("" where it cannot): its Unicode letter, separator and
+    number classes as \\w and \\s, and without the length quantifier some patterns put after their end anchor."""
+    pattern = re.sub(r"\$\{\d+,\d+\}$", "$", pattern.replace(r"\p{L}\p{Z}\p{N}", r"\w\s"))
+    try:
+        re.compile(pattern)
+    except re.error:
+        return ""
+    return "" if r"\p{" in pattern else pattern
+
+
+def check_request_values(definition: dict, values: Mapping[str, Any], option: str = "--param ",
+                         overridden: set[str] | None = None) -> None:
+    """A parameter that a job step's request takes as a whole field must fit that field as the service model
+    says (an enum, a length, a pattern): StartPipelineExecution checks none of it, so a typo (ModelApprovalStatus=
+    approved) would fail RegisterModel after the whole training."""
+    for name, where, shape in request_fields(definition):
+        value = values.get(name)
+        if not isinstance(value, str) or shape.type_name != "string":
+            continue
+        rules, pattern = shape.metadata, service_pattern(shape.metadata.get("pattern", ""))
+        enum = [] if shape.name.endswith("InstanceType") else getattr(shape, "enum", [])  # new types come often
+        problem = (f"expected one of {', '.join(enum)}" if enum and value not in enum else
+                   f"expected at most {rules['max']} characters" if len(value) > rules.get("max", len(value)) else
+                   f"expected characters matching {rules['pattern']}"
+                   if pattern and not re.fullmatch(pattern, value) else "")
+        if problem:
+            said = f"{option}{name}" if name in (overridden or set()) else f"the default of parameter {name}"
+            raise ParameterError(f"{said}={value!r}: {where} takes it, and SageMaker would refuse it there: "
+                                 f"{problem}")
 
 
 def as_request(overrides: Mapping[str, str]) -> list[dict[str, str]]:

@@ -25,7 +25,7 @@ class RequestError(UserError, ValueError):
 
 
 @cache
-def _service() -> Any:
+def service() -> Any:
     import botocore.session
 
     return botocore.session.get_session().get_service_model("sagemaker")
@@ -82,7 +82,7 @@ def validate(request: dict, operation: str, what: str) -> None:
     """Check a request against botocore's model of `operation`; RequestError names `what` and the problems."""
     from botocore.validate import ParamValidator
 
-    report = ParamValidator().validate(request, _service().operation_model(operation).input_shape)
+    report = ParamValidator().validate(request, service().operation_model(operation).input_shape)
     if report.has_errors():
         raise RequestError(f"{what}: invalid {operation} request: {' '.join(report.generate_report().split())}")
 
@@ -93,7 +93,7 @@ def check_job_steps(definition: dict) -> list[str]:
     for name, step in flatten_steps(definition["Steps"]).items():
         operation = OPERATIONS.get(step.get("Type"))
         if operation:
-            shape = _service().operation_model(operation).input_shape
+            shape = service().operation_model(operation).input_shape
             types = {p["Name"]: p.get("Type", "String") for p in definition.get("Parameters", [])}
             try:
                 request = placeholders(drop_none(step["Arguments"]), shape, types)

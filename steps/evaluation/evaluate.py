@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import shutil
 import sys
 import tarfile
@@ -334,7 +333,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    (out / REPORT_FILE).write_text(quality.report_json(result))
     print(
         f"evaluated {len(labels)} rows (predictions: {source}) in {result['seconds']:.1f} s: "
         f"accuracy={metrics['accuracy']['value']:.4f} f1={metrics['f1']['value']:.4f} "

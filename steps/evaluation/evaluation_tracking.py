@@ -4,11 +4,10 @@ int8 decision."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from steps.evaluation import tracking
+from steps.evaluation import quality, tracking
 
 
 def log(result: dict[str, Any], args: argparse.Namespace, report: Path) -> None:
@@ -31,7 +30,7 @@ def log(result: dict[str, Any], args: argparse.Namespace, report: Path) -> None:
     )
     tracker.finish()
     result["tracking"] = {"run_id": tracker.run_id or tracking.UNTRACKED, "experiment": tracker.experiment}
-    report.write_text(json.dumps(result, indent=2) + "\n")
+    report.write_text(quality.report_json(result))
 
 
 def failed() -> None:

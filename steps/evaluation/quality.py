@@ -12,6 +12,7 @@ Numpy only, so it runs in any processing image.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -109,7 +110,8 @@ def binary_classification_metrics(labels: np.ndarray, margins: np.ndarray, seed:
     for name, value in values.items():
         metrics[name] = {"value": float(value), "standard_deviation": float(spread[name].std())}
     share = positives / n if n else 0.0
-    metrics["accuracy_best_constant_classifier"] = {"value": max(share, 1 - share), "standard_deviation": 0.0}
+    # the always-positive classifier, as Model Monitor's *_best_constant_classifier metrics all describe it
+    metrics["accuracy_best_constant_classifier"] = {"value": share, "standard_deviation": 0.0}
     metrics["precision_best_constant_classifier"] = {"value": share, "standard_deviation": 0.0}
     metrics["recall_best_constant_classifier"] = {"value": 1.0, "standard_deviation": 0.0}
     metrics["f1_best_constant_classifier"] = {"value": 2 * share / (1 + share), "standard_deviation": 0.0}
@@ -152,3 +154,17 @@ def median_ms(run: Callable[[int], object], count: int, most: int = 50) -> float
         run(i)
         times.append((time.perf_counter() - started) * 1000)
     return round(float(np.median(times)), 3) if times else 0.0
+
+
+def report_json(report: dict[str, Any]) -> str:
+    """evaluation.json's text: a value that is no number (the AUC of a one-class split) written "NaN" as Model
+    Monitor writes it, since JSON has no NaN (a strict parser, a browser's, refuses the bare token)."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return "NaN"
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        return [finite(item) for item in value] if isinstance(value, list) else value
+
+    return json.dumps(finite(report), indent=2, allow_nan=False) + "\n"
