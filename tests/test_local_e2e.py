@@ -207,7 +207,7 @@ def test_the_run_is_one_mlflow_run_holding_what_the_step_files_hold(setup, capsy
 
 def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):
     folder, overrides, account = setup
-    execution = account.run({"AccuracyThreshold": "1.01"})
+    execution = account.run({"AccuracyThreshold": "1.0"})
     assert execution.status == "Failed"
     steps = execution.steps
     assert steps["Tokenize"].cached and steps["Train"].cached and steps["Evaluate"].cached
