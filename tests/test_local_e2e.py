@@ -214,7 +214,7 @@ def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):
     assert steps["RegisterModel"].status == "Skipped" and steps["Deploy"].status == "Skipped"
     assert steps["AccuracyTooLow"].status == "Failed"
     assert steps["AccuracyTooLow"].reason.startswith("Accuracy ")
-    assert steps["AccuracyTooLow"].reason.endswith("is below the threshold 1.01 - the model was not registered.")
+    assert steps["AccuracyTooLow"].reason.endswith("is below the threshold 1.0 - the model was not registered.")
     assert len(account.registry.list("trainium-bert")) == 1
     (version,) = account.registry.list("trainium-bert")
     assert steps["AccuracyTooLow"].reason == (  # the whole-split accuracy, as registered by the first run
