@@ -218,7 +218,7 @@ def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):
     assert len(account.registry.list("trainium-bert")) == 1
     (version,) = account.registry.list("trainium-bert")
     assert steps["AccuracyTooLow"].reason == (  # the whole-split accuracy, as registered by the first run
-        f"Accuracy {version.accuracy} is below the threshold 1.01 - the model was not registered."
+        f"Accuracy {version.accuracy} is below the threshold 1.0 - the model was not registered."
     )
 
 
