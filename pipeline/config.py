@@ -18,7 +18,7 @@ from pipeline.config_training import Training
 from pipeline.errors import ConfigError
 from pipeline.overrides import flatten, merge, parse_override, read_mapping, set_path
 from pipeline.prices import DEFAULT_PRICES
-from steps.contract import APPROVAL_STATUSES, PENDING
+from steps.contract import APPROVAL_STATUSES, PENDING, source_kind
 
 # Account-specific values that may come from the environment instead of the file.
 EXECUTION_ID_LENGTH = 12  # pipelines-<12 characters>-... : an execution id's length in its ARN and its jobs' names
@@ -72,14 +72,25 @@ class Data(Section):
 
     @property
     def from_hub(self) -> bool:
-        """A Hugging Face Hub dataset (not S3, not the sample reviews, not a folder on this machine)."""
-        return not (self.source.startswith(("sample", "s3://")) or Path(self.source).exists())
+        """A Hugging Face Hub dataset (told by its spelling: a folder on this machine is written as a path)."""
+        return source_kind(self.source) == "hub"
+
+    @property
+    def is_folder(self) -> bool:
+        """A folder on this machine (`run --local` only: the AWS jobs cannot read it)."""
+        return source_kind(self.source) == "folder"
 
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
-        if v.startswith("s3://") and not re.match(S3_URI, v):
-            raise ValueError("an S3 URI like s3://bucket/prefix/, a Hub dataset name or sample[:N]")
+        expected = ("expected an S3 URI like s3://bucket/prefix/, a Hub dataset name (NAME or OWNER/NAME), sample[:N] "
+                    "or a local folder written as a path (./data, /data)")
+        kind = source_kind(v)
+        if kind == "s3" and not re.match(S3_URI, v):
+            raise ValueError(f"data.source={v!r}: {expected}")
+        rows = v.partition(":")[2]
+        if kind == "sample" and v != "sample" and not (rows.isdigit() and int(rows) >= 1):
+            raise ValueError(f"data.source={v!r}: expected sample or sample:N with N a whole number >= 1")
         return v
 
 

@@ -17,6 +17,7 @@ from pipeline.devices import (
     global_batch_size,
     scaled_learning_rate,
 )
+from steps.contract import source_kind
 
 AUTO = "auto"
 PACKAGE = "package:"  # training.model_id "package:NAME": the model folder that the Python package NAME ships
@@ -92,8 +93,8 @@ class Training(NeuronBackend):
 
     @property
     def model_from_hub(self) -> bool:
-        """A Hugging Face Hub model id (not staged from S3, not a folder on this machine)."""
-        return not (self.model_id.startswith("s3://") or Path(self.model_id).is_dir())
+        """A Hugging Face Hub model id (told by its spelling, as data.source: a folder is written as a path)."""
+        return source_kind(self.model_id) == "hub"
 
     @field_validator("max_steps")
     @classmethod

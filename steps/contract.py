@@ -6,6 +6,8 @@ training/ runs from its own bundle and keeps copies of what it needs; tests/test
 
 from __future__ import annotations
 
+import re
+
 # Steps of the DAG
 TOKENIZE, PRECOMPILE, TRAIN, EVALUATE = "Tokenize", "Precompile", "Train", "Evaluate"
 ACCURACY_GATE, REGISTER, APPROVED_GATE, DEPLOY, ACCURACY_TOO_LOW = (
@@ -27,6 +29,21 @@ BATCH_SIZE = "BatchSize"
 MAX_LENGTH = "MaxLength"
 ACCURACY_THRESHOLD = "AccuracyThreshold"
 MODEL_APPROVAL_STATUS = "ModelApprovalStatus"
+
+# Tokenize's sources (data.source, the InputData parameter, --source), told apart by their spelling alone, so that a
+# definition is the same on every machine: a Hub id is NAME or OWNER/NAME; a local folder is a path that cannot be
+# one (/..., ./..., ../..., ~/..., or two / or more); a model id (training.model_id) follows the same rule
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def source_kind(source: str) -> str:
+    """sample | s3 | hub | folder: what a data source (or a model id) names."""
+    if source == "sample" or source.startswith("sample:"):
+        return "sample"
+    if source.startswith("s3://"):
+        return "s3"
+    return "hub" if HUB_ID.fullmatch(source) and ".." not in source else "folder"
+
 
 # Tokenize's outputs: the splits and its statistics
 SPLITS = ("train", "validation", "test")

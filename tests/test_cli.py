@@ -272,6 +272,17 @@ def test_upsert_refuses_a_model_folder_the_jobs_cannot_read(aws, capsys):
     assert aws["sagemaker"].list_pipelines()["PipelineSummaries"] == [] and code_keys(aws["s3"]) == []
 
 
+def test_upsert_refuses_a_data_folder_the_jobs_cannot_read(aws, capsys, tmp_path):
+    code, _, err = cli(capsys, *SETS, "--set", f"data.source={tmp_path}", "upsert")
+    assert code == 2 and f"data.source='{tmp_path}' is a folder on this machine" in err, err
+    assert aws["sagemaker"].list_pipelines()["PipelineSummaries"] == [] and code_keys(aws["s3"]) == []
+
+
+def test_start_refuses_a_data_folder_the_jobs_cannot_read(aws, capsys):
+    code, _, err = cli(capsys, *SETS, "start", "--param", "InputData=./polarity")
+    assert code == 1 and "--param InputData='./polarity' is a folder on this machine" in err, err
+
+
 def test_upsert_creates_then_updates_the_deploy_lambda(aws, capsys):
     role = boto3.client("iam", region_name="us-east-1").create_role(
         RoleName="deploy-lambda", AssumeRolePolicyDocument="{}"

@@ -32,6 +32,14 @@ def version_view(row: dict) -> VersionView:
     return VersionView(row["version"], row["status"], row["accuracy"], str(row["created"]), arn=row.get("arn", ""))
 
 
+def reachable(values: dict) -> None:
+    """Refuse an InputData that is a folder on this machine, which no SageMaker job can read."""
+    source = values.get(contract.INPUT_DATA)
+    if isinstance(source, str) and contract.source_kind(source) == "folder":
+        raise ParameterError(f"--param {contract.INPUT_DATA}={source!r} is a folder on this machine, which the AWS "
+                             "jobs cannot read: expected a Hub dataset name, sample[:N] or an s3:// URI")
+
+
 class SageMakerBackend:
     """One pipeline (cfg.pipeline.name) in one account and region."""
 
@@ -47,7 +55,7 @@ class SageMakerBackend:
         return definition(self.cfg)
 
     def check(self, parameters: dict[str, str]) -> None:
-        resolve(json.loads(self.definition_text), parameters)  # types and the data source's form
+        reachable(resolve(json.loads(self.definition_text), parameters))  # types and the data source's form
 
     def upsert(self) -> Upserted:
         return upsert(self.cfg, self.definition_text, self.aws)
@@ -70,7 +78,7 @@ class SageMakerBackend:
         origin, inherited = executions.source(self.aws, arn) if arn else (None, {})
         chosen = select(definition, steps, origin, self.cfg.pipeline.name)
         merged = inherit(definition, inherited, parameters)
-        resolve(definition, merged)
+        reachable(resolve(definition, merged))
         return chosen, arn, merged
 
     def check_selection(self, steps: list[str], source: str | None, parameters: dict[str, str]) -> Selection:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 from pipeline.code import LAMBDA, bundles, job_bundles
@@ -16,7 +15,7 @@ from pipeline.deploy_settings import settings
 from pipeline.errors import ConfigError
 from pipeline.records import Upserted
 from pipeline.sagemaker.aws import MAX_INLINE_DEFINITION, Aws, explained, split_s3_uri
-from steps.contract import DEPLOY_LAMBDA_TIMEOUT_S
+from steps.contract import DEPLOY_LAMBDA_TIMEOUT_S, source_kind
 
 LAMBDA_RUNTIME = "python3.12"
 LAMBDA_HANDLER = "steps.deploy.handler.lambda_handler"
@@ -141,16 +140,25 @@ def upload_code(cfg: Config, aws: Aws, report: Upserted) -> None:
 def check_model_reachable(cfg: Config) -> None:
     """Refuse a training.model_id that is a folder on this machine (`package:NAME` included): the AWS jobs
     cannot read it, and would fail at model load after Tokenize ran."""
-    model_id = cfg.training.model_id
-    if not model_id.startswith("s3://") and Path(model_id).is_dir():
-        raise ConfigError(f"training.model_id={model_id!r} is a folder on this machine, which the AWS jobs cannot "
-                          "read: expected a Hub model id or an s3:// URI (upload the folder with aws s3 sync)")
+    if source_kind(cfg.training.model_id) == "folder":
+        raise ConfigError(f"training.model_id={cfg.training.model_id!r} is a folder on this machine, which the AWS "
+                          "jobs cannot read: expected a Hub model id or an s3:// URI (upload the folder with aws s3 "
+                          "sync)")
+
+
+def check_data_reachable(cfg: Config) -> None:
+    """Refuse a data.source that is a folder on this machine: the Tokenize job cannot read it."""
+    if cfg.data.is_folder:
+        raise ConfigError(f"data.source={cfg.data.source!r} is a folder on this machine, which the AWS jobs cannot "
+                          "read: expected a Hub dataset name, sample[:N] or an s3:// URI (upload the folder with aws "
+                          "s3 sync)")
 
 
 def upsert(cfg: Config, definition_json: str, aws: Aws) -> Upserted:
     """Check the model's source and the job steps against SageMaker's API model, upload the step code, then create
     the pipeline or update it to `definition_json`."""
     check_model_reachable(cfg)
+    check_data_reachable(cfg)
     check_job_steps(json.loads(definition_json))
     report = Upserted(action="", pipeline_arn="")
     upload_code(cfg, aws, report)

@@ -3,16 +3,20 @@
 Sources (--source):
   sample | sample:N   deterministic synthetic reviews (N train rows, N/10 test rows), see reviews.py
   s3://...            files the platform staged into --input-dir
-  a local folder      CSV / Parquet / JSON Lines files (optionally .gz) under it
-  anything else       a Hub dataset name for datasets.load_dataset (splits train/test)
-A file belongs to the train split if its path names "train", to the test split if it names "test" (the file
-name is checked first, then its folders, deepest first); files and folders whose name starts with "." or "_" are
-not data (_SUCCESS, _temporary/, .ipynb_checkpoints/, _delta_log/). Each file needs a label column ("label", 0/1;
-or "polarity", the original release's coding: 1 negative, 2 positive) and a content column ("content", "text" or
-"review"); a title column ("title" or "summary") is optional. CSV files need a header, except the original
-release's train.csv / test.csv (polarity, title, text without one: a file whose first record is three fields, the
-first 1 or 2, and no known column name); quoted fields may hold line breaks; LF, CRLF and a UTF-8 BOM are fine.
-Files are streamed, never loaded whole (except a JSON file that holds one array).
+  a local folder      CSV / Parquet / JSON Lines / Arrow files (optionally .gz) under it, written as a path
+                      (/data, ./data, ~/data: steps.contract.source_kind); a save_to_disk folder is one too
+  NAME | OWNER/NAME   a Hub dataset for datasets.load_dataset (splits train/test)
+A file belongs to the train split if its name has the word "train" or "training", to the test split if it has
+"test", "testing", "eval" or "evaluation" (words between "-", "_", ".", spaces and digits, as Hugging Face datasets
+finds splits: train-00000-of-00002.parquet is train, latest.csv is neither), else by its folders, deepest first;
+files and folders whose name starts with "." or "_" are not data (_SUCCESS, _temporary/, .ipynb_checkpoints/,
+_delta_log/), nor is save_to_disk's metadata (state.json...) beside its .arrow files. Each file needs a label column
+("label", 0/1; or "polarity", the original release's coding: 1 negative, 2 positive) and a content column
+("content", "text" or "review"); a title column ("title" or "summary") is optional. CSV files need a header, except
+the original release's train.csv / test.csv (polarity, title, text without one: a file whose first record is three
+fields, the first 1 or 2, and no known column name); quoted fields may hold line breaks; LF, CRLF and a UTF-8 BOM
+are fine.
+Files are streamed, never loaded whole (except a JSON file that holds one array, and a gzipped Arrow file).
 
 Rows in = physical records of the file. Every bad row is dropped and counted under the first of DROP_REASONS that
 applies; the readers drop (and note where the first of each was, as "file line N: what"):
@@ -22,7 +26,7 @@ applies; the readers drop (and note where the first of each was, as "file line N
   oversized_row     a record or JSON line longer than MAX_ROW_BYTES
   invalid_encoding  a CSV record, JSON line or Parquet text value that is not valid UTF-8 (or Unicode)
 and `validate` drops:
-  invalid_label     a label that is missing, unparsable or not 0/1 ("negative"/"positive" are accepted too)
+  invalid_label     a label that is missing, unparsable or not 0/1 ("negative"/"positive", "false"/"true" too)
   missing_content   no content value (null, or an unquoted empty CSV field)
   empty_text        title and content are both empty or whitespace
 A standardized table has the string columns label / title / content (title may be all null).
@@ -34,6 +38,9 @@ import argparse
 import gzip
 import json
 import logging
+import re
+import shutil
+import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -47,17 +54,27 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from steps.contract import source_kind
 from steps.tokenize import reviews
 from steps.tokenize.csv_records import BOM, READ_BYTES, RecordBlocks
 
 log = logging.getLogger("preprocess")
 
+# A label written as text (CSV; JSON strings), lowercased and trimmed: true/false as pandas writes booleans
+POSITIVE_LABELS, NEGATIVE_LABELS = ["1", "1.0", "positive", "true"], ["0", "0.0", "negative", "false"]
 LABEL_COLUMNS = ("label", "polarity")  # polarity: the original CSV release's 1 (negative) / 2 (positive)
 RELEASE_COLUMNS = ["polarity", "title", "text"]  # the original release's CSV files, which have no header
 CONTENT_COLUMNS = ("content", "text", "review")
 TITLE_COLUMNS = ("title", "summary")
 CHUNK_ROWS = 8192  # rows per read / tokenize batch
-DATA_SUFFIXES = (".csv", ".parquet", ".pq", ".jsonl", ".json", ".ndjson")
+DATA_SUFFIXES = (".csv", ".parquet", ".pq", ".jsonl", ".json", ".ndjson", ".arrow")
+# A split's keywords in a file or folder name, as whole words between separators (Hugging Face datasets' rule):
+# train-00000-of-00002.parquet, amazon_polarity_test.csv and training/ name a split; latest.csv, contest/ do not
+SPLIT_KEYWORDS = {"train": {"train", "training"}, "test": {"test", "testing", "eval", "evaluation"}}
+WORD_SEPARATORS = re.compile(r"[-._ 0-9]+")
+# What Dataset(Dict).save_to_disk writes beside its .arrow files: metadata, not rows
+SAVED_DATASET_METADATA = ("dataset_dict.json", "dataset_info.json", "state.json")
+ARROW_FILE_MAGIC = b"ARROW1"  # the start of an Arrow IPC file (the stream format has none)
 DEFAULT_SAMPLE_ROWS = 20_000
 MAX_ROW_BYTES = 1 << 20  # a review is a few KB; a larger record is most likely broken quoting or a stray blob
 DROP_REASONS = ("malformed_row", "unclosed_quote", "oversized_row", "invalid_encoding", "invalid_label",
@@ -210,8 +227,36 @@ def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
 
 
 def _parquet_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS):
-        yield pa.Table.from_batches([batch]), Drops()
+    """Row batches of a Parquet file; a gzipped one (.parquet.gz) is first unpacked to a temporary file, as
+    Parquet is read from its end."""
+    if not path.name.endswith(".gz"):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS):
+            yield pa.Table.from_batches([batch]), Drops()
+        return
+    with tempfile.TemporaryFile() as unpacked:
+        with gzip.open(path, "rb") as packed:
+            shutil.copyfileobj(packed, unpacked, READ_BYTES)
+        unpacked.seek(0)
+        for batch in pq.ParquetFile(unpacked).iter_batches(batch_size=CHUNK_ROWS):
+            yield pa.Table.from_batches([batch]), Drops()
+
+
+def _arrow_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
+    """Record batches of an Arrow IPC file: the stream format that datasets' save_to_disk and cache write, or the
+    random-access file format (Feather v2). Memory-mapped; a gzipped one (.arrow.gz) is unpacked in memory."""
+    if path.name.endswith(".gz"):
+        with pa.input_stream(str(path), compression="gzip") as stream:
+            source: Any = pa.py_buffer(stream.read())
+    else:
+        source = pa.memory_map(str(path))
+    if bytes(source.read_at(6, 0) if hasattr(source, "read_at") else source[:6]) == ARROW_FILE_MAGIC:
+        reader = pa.ipc.open_file(source)
+        batches: Iterator[pa.RecordBatch] = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    else:
+        batches = iter(pa.ipc.open_stream(source))
+    for batch in batches:
+        for start in range(0, batch.num_rows, CHUNK_ROWS):
+            yield pa.Table.from_batches([batch.slice(start, CHUNK_ROWS)]), Drops()
 
 
 def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
@@ -295,6 +340,8 @@ def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
         reader = _csv_chunks
     elif name.endswith((".parquet", ".pq")):
         reader = _parquet_chunks
+    elif name.endswith(".arrow"):
+        reader = _arrow_chunks
     else:
         reader = _jsonl_chunks
     try:
@@ -310,13 +357,19 @@ def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
 
 
 def split_of(path: Path, root: Path) -> str | None:
-    """train / test from the file name, then from its folders (deepest first); None if neither or both."""
+    """train / test from the file name, then from its folders (deepest first): the first that holds a keyword of
+    exactly one split as a whole word; None if none does."""
     for part in reversed(path.relative_to(root).parts):
-        part = part.lower()
-        has_train, has_test = "train" in part, "test" in part
-        if has_train != has_test:
-            return "train" if has_train else "test"
+        words = set(WORD_SEPARATORS.split(part.lower()))
+        found = [split for split, keywords in SPLIT_KEYWORDS.items() if words & keywords]
+        if len(found) == 1:
+            return found[0]
     return None
+
+
+def _saved_dataset_metadata(path: Path) -> bool:
+    """A metadata file of a save_to_disk folder (its name, beside .arrow files)."""
+    return path.name in SAVED_DATASET_METADATA and any(path.parent.glob("*.arrow"))
 
 
 def find_files(root: Path) -> dict[str, list[Path]]:
@@ -328,7 +381,7 @@ def find_files(root: Path) -> dict[str, list[Path]]:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         name = path.name.lower().removesuffix(".gz")
         hidden = any(part.startswith((".", "_")) for part in path.relative_to(root).parts)
-        if hidden or not name.endswith(DATA_SUFFIXES):
+        if hidden or not name.endswith(DATA_SUFFIXES) or _saved_dataset_metadata(path):
             continue
         split = split_of(path, root)
         (found[split] if split else skipped).append(path)
@@ -337,8 +390,9 @@ def find_files(root: Path) -> dict[str, list[Path]]:
                     ", ".join(str(p) for p in skipped[:5]))
     for split, paths in found.items():
         if not paths:
-            raise StepError(f"no {split} files under {root} (CSV / Parquet / JSON Lines files whose path "
-                            f"contains '{split}'); found {len(skipped)} other data files")
+            raise StepError(f"no {split} files under {root} (CSV / Parquet / JSON Lines / Arrow files whose name "
+                            f"or folder has the word {' or '.join(sorted(SPLIT_KEYWORDS[split]))}); found "
+                            f"{len(skipped)} other data files")
     return found
 
 
@@ -349,7 +403,8 @@ def hub_chunks(name: str, split: str) -> Iterator[tuple[pa.Table, Drops]]:
     try:
         ds = datasets.load_dataset(name, split=split)
     except Exception as e:  # the Hub raises many kinds: report them all the same way
-        raise StepError(f"cannot load split {split!r} of Hub dataset {name!r}: {type(e).__name__}: {e}") \
+        hint = f" (the folder {name} here is written ./{name})" if Path(name).is_dir() else ""
+        raise StepError(f"cannot load split {split!r} of Hub dataset {name!r}{hint}: {type(e).__name__}: {e}") \
             from e
     for start in range(0, len(ds), CHUNK_ROWS):
         table = ds.data.slice(start, CHUNK_ROWS)
@@ -361,7 +416,8 @@ def hub_chunks(name: str, split: str) -> Iterator[tuple[pa.Table, Drops]]:
 def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table | None, Drops]]]:
     """For train and test: an iterator of (standardized table, rows dropped while reading) chunks."""
     source = args.source
-    if source == "sample" or source.startswith("sample:"):
+    kind = source_kind(source)
+    if kind == "sample":
         try:
             rows = int(source.partition(":")[2] or DEFAULT_SAMPLE_ROWS)
         except ValueError:
@@ -370,8 +426,8 @@ def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table
             raise StepError(f"--source {source}: N must be at least 1")
         return {"train": sample_chunks("train", rows, args.seed),
                 "test": sample_chunks("test", max(1, rows // 10), args.seed)}
-    if source.startswith("s3://") or Path(source).exists():
-        root = Path(args.input_dir) if source.startswith("s3://") else Path(source)
+    if kind in ("s3", "folder"):
+        root = Path(args.input_dir) if kind == "s3" else Path(source).expanduser()
         files = find_files(root)
         log.info("reading %s: %s", root, {k: [str(p.relative_to(root)) for p in v] for k, v in files.items()})
         return {split: (c for p in paths for c in file_chunks(p)) for split, paths in files.items()}
@@ -403,8 +459,8 @@ def validate(table: pa.Table) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
         is_pos, is_neg = pc.equal(value, 1.0), pc.equal(value, 0.0)
     else:
         text = pc.utf8_lower(pc.utf8_trim_whitespace(pc.cast(label, pa.string())))
-        is_pos = pc.is_in(text, value_set=pa.array(["1", "1.0", "positive"]))
-        is_neg = pc.is_in(text, value_set=pa.array(["0", "0.0", "negative"]))
+        is_pos = pc.is_in(text, value_set=pa.array(POSITIVE_LABELS))
+        is_neg = pc.is_in(text, value_set=pa.array(NEGATIVE_LABELS))
     bad_label = pc.invert(pc.fill_null(pc.or_(is_pos, is_neg), False))
     missing = pc.is_null(table["content"])
     title = pc.fill_null(table["title"], "")
