@@ -300,7 +300,7 @@ args = train.parse_args(["--model-id", sys.argv[2], "--seed", "7", "--checkpoint
 rt = train.setup(args)
 model = train.load_model(args.model_id, rt, args.seed)
 torch.save(model.classifier.weight.detach(), os.path.join(sys.argv[3], f"head-{rt.rank}.pt"))
-rt.close()
+rt.end()
 """
 
 
@@ -379,3 +379,31 @@ def test_native_backend_takes_the_shared_loop_on_device_neuron():
     assert neuron.compile_options() == {"backend": "neuron", "dynamic": False}
     cpu = train.Runtime(torch.device("cpu"), "cpu", 0, 1, False, False, False)
     assert not cpu.fixed_shapes and cpu.compile_options() == {"dynamic": True}
+
+
+GLOO_RANK_ENDS = """
+import atexit, importlib.util, os, sys, torch
+spec = importlib.util.spec_from_file_location("train", sys.argv[1])
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+train.dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+torch.optim.AdamW(model.parameters(), fused=True)  # imports torch._dynamo, which keeps the group alive
+model(torch.ones(1, 4)).sum().backward()
+atexit.register(print, "finalized")
+rt = train.Runtime(torch.device("cpu"), "cpu", 0, 1, True, False, False)
+print("ending", end="")
+rt.end(int(sys.argv[3]))
+print("not ended")
+"""
+
+
+@pytest.mark.parametrize("code", [0, 143])
+def test_a_gloo_rank_ends_at_once_without_finalizing_the_interpreter(tmp_path, code):
+    """Gloo's workers may still free a collective's tensors, which needs the GIL, when the interpreter finalizes:
+    the rank would abort (or, its group freed by DDP's reducer, deadlock) after the training succeeded. end() leaves
+    the group and ends the process, with its exit code and its output flushed, before any of that can happen."""
+    done = subprocess.run([sys.executable, "-c", GLOO_RANK_ENDS, str(TRAIN), str(tmp_path / "store"), str(code)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr
+    assert done.stdout == "ending", done.stdout

@@ -53,6 +53,7 @@ checkpoint and no model saved.
 import argparse
 import hashlib
 import json
+import logging
 import math
 import os
 import resource
@@ -376,11 +377,23 @@ class Runtime:
         """Dropout masks become a function of (seed, step, rank)."""
         xm.set_rng_state(seed, device=self.device) if self.xla else torch.manual_seed(seed)
 
-    def close(self) -> None:
-        """Wait for every rank, then leave the process group."""
+    def end(self, code: int = 0) -> None:
+        """Wait for every rank and leave the process group; a Gloo rank (CPU) then ends its process at once with exit
+        code `code`, its output flushed, without finalizing the interpreter. Gloo's worker threads free a finished
+        collective's tensors after it returns, and need the GIL to do so: a group that outlives
+        destroy_process_group (torch._dynamo, which the first optimizer imports, holds every group that exists then)
+        aborts the rank at interpreter exit ("terminate called without an active exception", pytorch/pytorch#179291),
+        and one that DDP's reducer frees, GIL held, deadlocks. Every file the run writes is closed by then."""
         self.barrier("done")
-        if self.distributed:
-            dist.destroy_process_group()
+        if not self.distributed:
+            return
+        gloo = dist.get_backend() == "gloo"
+        dist.destroy_process_group()
+        if gloo:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         t = torch.from_numpy(np.ascontiguousarray(values, np.float32)).to(self.device)
@@ -922,7 +935,7 @@ def main(argv: list[str] | None = None) -> None:
         scored = {name: split for name, split in (("val", validation), ("test", test)) if split is not None}
         write_stats(rt, args.output_data_dir, precompile(args, rt, model, optimizer, scheduler, train, scored,
                                                          buckets, workers))
-        rt.close()
+        rt.end()
         return
 
     step = resumed_from = 0
@@ -1014,6 +1027,7 @@ def main(argv: list[str] | None = None) -> None:
                 checkpoint_due = False
             if stopping:
                 rt.log(f"stopping on SIGTERM at step={step}")
+                rt.end(143)
                 sys.exit(143)
             if step >= total_steps:
                 break
@@ -1065,7 +1079,7 @@ def main(argv: list[str] | None = None) -> None:
         rt.log(f"saved model to {args.model_dir}")
         track(args, rt, stats)
         mark_training(checkpoint_dir, "finished")
-    rt.close()
+    rt.end()
 
 
 if __name__ == "__main__":
