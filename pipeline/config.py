@@ -75,11 +75,6 @@ class Data(Section):
         """A Hugging Face Hub dataset (told by its spelling: a folder on this machine is written as a path)."""
         return source_kind(self.source) == "hub"
 
-    @property
-    def is_folder(self) -> bool:
-        """A folder on this machine (`run --local` only: the AWS jobs cannot read it)."""
-        return source_kind(self.source) == "folder"
-
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:

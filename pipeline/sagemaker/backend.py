@@ -19,7 +19,7 @@ from pipeline.records import Approval, Changes, StageView, VersionView, changes,
 from pipeline.sagemaker import executions, registry
 from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
 from pipeline.sagemaker.cost import sagemaker_costs
-from pipeline.sagemaker.upsert import upsert
+from pipeline.sagemaker.upsert import check_data_reachable, upsert
 from pipeline.tracking.store import tag_version
 from steps import contract
 from steps.deploy import endpoint_check, lifecycle, sagemaker_account, sagemaker_endpoints
@@ -34,10 +34,7 @@ def version_view(row: dict) -> VersionView:
 
 def reachable(values: dict) -> None:
     """Refuse an InputData that is a folder on this machine, which no SageMaker job can read."""
-    source = values.get(contract.INPUT_DATA)
-    if isinstance(source, str) and contract.source_kind(source) == "folder":
-        raise ParameterError(f"--param {contract.INPUT_DATA}={source!r} is a folder on this machine, which the AWS "
-                             "jobs cannot read: expected a Hub dataset name, sample[:N] or an s3:// URI")
+    check_data_reachable(values[contract.INPUT_DATA], f"--param {contract.INPUT_DATA}", ParameterError)
 
 
 class SageMakerBackend:

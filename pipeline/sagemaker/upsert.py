@@ -12,7 +12,7 @@ from pipeline.config import Config
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.requests import check_job_steps
 from pipeline.deploy_settings import settings
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, UserError
 from pipeline.records import Upserted
 from pipeline.sagemaker.aws import MAX_INLINE_DEFINITION, Aws, explained, split_s3_uri
 from steps.contract import DEPLOY_LAMBDA_TIMEOUT_S, source_kind
@@ -146,19 +146,19 @@ def check_model_reachable(cfg: Config) -> None:
                           "sync)")
 
 
-def check_data_reachable(cfg: Config) -> None:
-    """Refuse a data.source that is a folder on this machine: the Tokenize job cannot read it."""
-    if cfg.data.is_folder:
-        raise ConfigError(f"data.source={cfg.data.source!r} is a folder on this machine, which the AWS jobs cannot "
-                          "read: expected a Hub dataset name, sample[:N] or an s3:// URI (upload the folder with aws "
-                          "s3 sync)")
+def check_data_reachable(source: str, where: str = "data.source", error: type[UserError] = ConfigError) -> None:
+    """Refuse a data source (data.source, or an execution's InputData) that is a folder on this machine: the
+    Tokenize job cannot read it."""
+    if source_kind(source) == "folder":
+        raise error(f"{where}={source!r} is a folder on this machine, which the AWS jobs cannot read: expected a Hub "
+                    "dataset name, sample[:N] or an s3:// URI (upload the folder with aws s3 sync)")
 
 
 def upsert(cfg: Config, definition_json: str, aws: Aws) -> Upserted:
     """Check the model's source and the job steps against SageMaker's API model, upload the step code, then create
     the pipeline or update it to `definition_json`."""
     check_model_reachable(cfg)
-    check_data_reachable(cfg)
+    check_data_reachable(cfg.data.source)
     check_job_steps(json.loads(definition_json))
     report = Upserted(action="", pipeline_arn="")
     upload_code(cfg, aws, report)

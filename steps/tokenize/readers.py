@@ -227,36 +227,32 @@ def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
 
 
 def _parquet_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
-    """Row batches of a Parquet file; a gzipped one (.parquet.gz) is first unpacked to a temporary file, as
-    Parquet is read from its end."""
-    if not path.name.endswith(".gz"):
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS):
-            yield pa.Table.from_batches([batch]), Drops()
-        return
+    """Row batches of a Parquet file; a gzipped one (.parquet.gz) is first unpacked to a temporary file, as Parquet
+    is read from its end."""
     with tempfile.TemporaryFile() as unpacked:
-        with gzip.open(path, "rb") as packed:
-            shutil.copyfileobj(packed, unpacked, READ_BYTES)
-        unpacked.seek(0)
-        for batch in pq.ParquetFile(unpacked).iter_batches(batch_size=CHUNK_ROWS):
+        source: Any = path
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as packed:
+                shutil.copyfileobj(packed, unpacked, READ_BYTES)
+            source = unpacked
+        for batch in pq.ParquetFile(source).iter_batches(batch_size=CHUNK_ROWS):
             yield pa.Table.from_batches([batch]), Drops()
 
 
 def _arrow_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
     """Record batches of an Arrow IPC file: the stream format that datasets' save_to_disk and cache write, or the
     random-access file format (Feather v2). Memory-mapped; a gzipped one (.arrow.gz) is unpacked in memory."""
-    if path.name.endswith(".gz"):
-        with pa.input_stream(str(path), compression="gzip") as stream:
-            source: Any = pa.py_buffer(stream.read())
-    else:
-        source = pa.memory_map(str(path))
-    if bytes(source.read_at(6, 0) if hasattr(source, "read_at") else source[:6]) == ARROW_FILE_MAGIC:
-        reader = pa.ipc.open_file(source)
-        batches: Iterator[pa.RecordBatch] = (reader.get_batch(i) for i in range(reader.num_record_batches))
-    else:
-        batches = iter(pa.ipc.open_stream(source))
-    for batch in batches:
-        for start in range(0, batch.num_rows, CHUNK_ROWS):
-            yield pa.Table.from_batches([batch.slice(start, CHUNK_ROWS)]), Drops()
+    gzipped = path.name.endswith(".gz")
+    with pa.input_stream(str(path), compression="gzip") if gzipped else pa.memory_map(str(path)) as stream:
+        data = stream.read_buffer()
+        if data[:len(ARROW_FILE_MAGIC)].to_pybytes() == ARROW_FILE_MAGIC:
+            reader = pa.ipc.open_file(data)
+            batches: Iterator[pa.RecordBatch] = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        else:
+            batches = iter(pa.ipc.open_stream(data))
+        for batch in batches:
+            for start in range(0, batch.num_rows, CHUNK_ROWS):
+                yield pa.Table.from_batches([batch.slice(start, CHUNK_ROWS)]), Drops()
 
 
 def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
