@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +18,7 @@ from pipeline.executing import FROM, POLL, STEPS, WAIT, begin, retry, selection,
 from pipeline.lifecycle_commands import endpoints, print_changes, promote
 from pipeline.records import VersionView
 from pipeline.terminal import LOCAL, ROOT, Options, console, errors
-from steps.contract import APPROVED, REJECTED
+from steps.contract import APPROVAL_STATUSES, APPROVED, REJECTED
 
 app = typer.Typer(
     help="Fine-tune BERT on AWS Trainium with SageMaker Pipelines.",
@@ -36,6 +37,7 @@ app.add_typer(triggers_app, name="triggers", rich_help_panel=TRIGGERS)
 app.command(rich_help_panel=ACCOUNT)(bootstrap)
 app.command(rich_help_panel=ACCOUNT)(compare)
 
+ApprovalStatus = Enum("ApprovalStatus", {s: s for s in APPROVAL_STATUSES}, type=str)  # --status's choices
 EXECUTION = Annotated[str | None, typer.Argument(help="Execution id or ARN (default: latest).")]
 PARAMS = Annotated[list[str] | None, typer.Option("--param", "-p", help="Pipeline parameter NAME=VALUE (repeatable).")]
 LIMIT = Annotated[int, typer.Option(help="How many, newest first.", min=1)]
@@ -191,12 +193,15 @@ def cost(
 def models_list(
     ctx: typer.Context,
     local: LOCAL = False,
-    status_filter: Annotated[str | None, typer.Option("--status", help="Only versions with this status.")] = None,
+    status_filter: Annotated[
+        ApprovalStatus | None, typer.Option("--status", help="Only versions with this status.")
+    ] = None,
     root: ROOT = None,
 ) -> None:
     """Versions, newest first: status, accuracy, created."""
     target = ctx.obj.backend(local, root)
-    console.print(views.versions_table(target.versions(status_filter), target.cfg.pipeline.model_package_group))
+    versions = target.versions(status_filter.value if status_filter else None)
+    console.print(views.versions_table(versions, target.cfg.pipeline.model_package_group))
 
 
 @models_app.command("describe")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import subprocess
 import tarfile
 import zipfile
 from dataclasses import dataclass
@@ -21,9 +22,24 @@ from pathlib import Path
 from steps.contract import ENTRY_POINT
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-IGNORED = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
+IGNORED = {"__pycache__"}  # and every name that starts with "." (.DS_Store, .ipynb_checkpoints/, caches)
 LAMBDA = "deploy"  # the deployable that goes up as the deploy Lambda's zip, not to S3 for a job
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the zip's entries' time: the archive is a function of the files alone
+
+
+def git_files(root: Path, sources: tuple[Path, ...]) -> set[str] | None:
+    """The files under `sources` that git does not ignore (tracked or new), relative to `root`; None outside a git
+    work tree or without git (an installed copy: every file counts)."""
+    try:
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                                 "--full-name", "--", *(str(s) for s in sources)],
+                                capture_output=True, check=True).stdout
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    top_path, root_path = Path(top).resolve(), root.resolve()  # the names themselves stay unresolved (symlinks)
+    return {(top_path / name).relative_to(root_path).as_posix() for name in listed.decode().split("\0") if name}
 
 
 @dataclass(frozen=True)
@@ -37,12 +53,15 @@ class CodeBundle:
 
     @cached_property
     def files(self) -> dict[str, bytes]:
-        """Path relative to `root` -> content, sorted, without caches and compiled files."""
+        """Path relative to `root` -> content, sorted, without hidden files, caches, compiled files and what git
+        ignores (a build/ folder): the same commit gives the same bundle on every machine."""
         paths = (p for source in self.sources for p in ([source] if source.is_file() else source.rglob("*")))
+        kept = git_files(self.root, self.sources)
         found = {}
         for path in paths:
             rel = path.relative_to(self.root)
-            if path.is_file() and not IGNORED.intersection(rel.parts) and path.suffix != ".pyc":
+            hidden = any(part.startswith(".") or part in IGNORED for part in rel.parts)
+            if path.is_file() and not hidden and path.suffix != ".pyc" and (kept is None or rel.as_posix() in kept):
                 found[rel.as_posix()] = path.read_bytes()
         if not found:
             raise FileNotFoundError(f"{', '.join(map(str, self.sources))}: no code to package")

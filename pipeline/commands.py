@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from pipeline import views
+from pipeline.compare.plan import DEFAULT_MAX_DEVICE_BATCH, DEFAULT_MAX_STEPS
 from pipeline.sagemaker.aws import Aws
 from pipeline.terminal import console, errors
 
@@ -33,11 +34,13 @@ def compare(
     data: Annotated[
         str | None, typer.Option(help="S3 prefix holding tokenized train/ validation/ test/ (default: latest run).")
     ] = None,
-    max_steps: Annotated[int, typer.Option(help="Optimizer steps of every run.")] = 1000,
+    max_steps: Annotated[int, typer.Option(help="Optimizer steps of every run.")] = DEFAULT_MAX_STEPS,
     global_batch: Annotated[
         int | None, typer.Option(help="Samples per optimizer step (default: the configured training's).")
     ] = None,
-    max_device_batch: Annotated[int, typer.Option(help="Largest per-device batch; more uses grad accumulation.")] = 64,
+    max_device_batch: Annotated[
+        int, typer.Option(help="Largest per-device batch; more uses grad accumulation.")
+    ] = DEFAULT_MAX_DEVICE_BATCH,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the job requests; start nothing.")] = False,
     out: Annotated[Path, typer.Option(help="Folder for compare.md, compare.json, compare.png.")] = Path("compare"),
     wait_: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the jobs and write the report.")] = True,

@@ -5,19 +5,22 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
-from pipeline.config_aws import Aws
-from pipeline.config_base import INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
+from pipeline.config_aws import TAG_CHARACTERS, Aws, tag_text
+from pipeline.config_base import ENDPOINT_NAME, EXPECTED, INSTANCE_TYPE, ROLE_ARN, S3_URI, Section, pattern
 from pipeline.config_deploy import Alerts, Deploy
 from pipeline.config_tracking import Tracking
 from pipeline.config_training import Training
-from pipeline.errors import ConfigError
+from pipeline.dag.durations import expire_after
+from pipeline.errors import ConfigError, UserError
 from pipeline.overrides import flatten, merge, parse_override, read_mapping, set_path
 from pipeline.prices import DEFAULT_PRICES
+from steps import contract
 from steps.contract import APPROVAL_STATUSES, PENDING, source_kind
 
 # Account-specific values that may come from the environment instead of the file.
@@ -30,20 +33,34 @@ ENV_OVERRIDES = {
 }
 
 
+PIPELINE_NAME = pattern(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$",
+                        "letters, digits and hyphens, starting and ending with a letter or digit")
+
+
 class PipelineSettings(Section):
-    name: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$")
-    model_package_group: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-    cache_expire_after: str = Field(default="P30D", pattern=r"^P(\d+[YMWD])*(T(\d+[HMS])+)?$")
+    name: str = Field(pattern=PIPELINE_NAME, max_length=256)
+    model_package_group: str = Field(pattern=ENDPOINT_NAME, max_length=63)  # SageMaker's EntityName
+    cache_expire_after: str = "P30D"  # CacheConfig.ExpireAfter of the job steps
     retry_attempts: int = Field(default=3, ge=0, le=20)
+
+    @field_validator("cache_expire_after")
+    @classmethod
+    def _duration(cls, v: str) -> str:
+        try:
+            expire_after(v)
+        except ValueError:
+            raise ValueError(f"pipeline.cache_expire_after={v!r}: expected an ISO 8601 duration such as 30d, P30D, "
+                             "T16m or 30dT5h (SageMaker's CacheConfig.ExpireAfter)") from None
+        return v
 
 
 class Images(Section):
     """Container image URIs; `{region}` is replaced by `aws.region`."""
 
-    training: str  # a pytorch-training-neuronx DLC (backend xla), or your TorchNeuron image (backend native)
-    processing: str
-    inference: str
-    evaluation: str | None = None  # Evaluate's image; default: the inference image (int8 decided where it serves)
+    training: str = Field(min_length=1)  # a pytorch-training-neuronx DLC (backend xla), or your TorchNeuron image
+    processing: str = Field(min_length=1)
+    inference: str = Field(min_length=1)
+    evaluation: str | None = Field(default=None, min_length=1)  # Evaluate's; default: the inference image
     wheels: str | None = Field(default=None, pattern=S3_URI)  # wheels of steps/requirements.txt, for no internet
     # GPU training image for `compare` on p*/g* instances (same train.py; carries transformers and pyarrow)
     training_cuda: str = (
@@ -86,6 +103,10 @@ class Data(Section):
         rows = v.partition(":")[2]
         if kind == "sample" and v != "sample" and not (rows.isdigit() and int(rows) >= 1):
             raise ValueError(f"data.source={v!r}: expected sample or sample:N with N a whole number >= 1")
+        v = os.path.expanduser(v) if kind == "folder" else v  # ~ is not a character the registry's metadata takes
+        if not tag_text(v, METADATA_VALUE_LENGTH):
+            raise ValueError(f"data.source={v!r}: expected at most {METADATA_VALUE_LENGTH} characters of "
+                             f"{TAG_CHARACTERS} (the registered model version's metadata holds it)")
         return v
 
 
@@ -115,7 +136,8 @@ ParameterValue = Annotated[str, BeforeValidator(lambda v: str(v) if type(v) in (
 class Triggers(Section):
     """EventBridge rules that `triggers apply` creates (the approval rule is always there)."""
 
-    schedule: str | None = Field(default=None, pattern=r"^(cron|rate)\(.+\)$")
+    schedule: str | None = Field(default=None, pattern=pattern(
+        r"^(cron|rate)\(.+\)$", "an EventBridge schedule like rate(1 day) or cron(0 3 * * ? *)"))
     schedule_parameters: dict[str, ParameterValue] = {}  # checked against the definition by `triggers apply`
     on_new_data: bool = False
     new_data_marker: str = "_SUCCESS"  # the object written last in a data drop: one execution per drop
@@ -291,29 +313,87 @@ class Config(Section):
         return f"arn:{aws.partition}:lambda:{aws.region}:{aws.account}:function:{self.deploy.lambda_function_name}"
 
     def image(self, kind: Literal["training", "processing", "inference", "evaluation", "training_cuda"]) -> str:
-        uri = getattr(self.images, kind) or (self.images.inference if kind == "evaluation" else None)
+        uri = getattr(self.images, kind)
+        uri = self.images.inference if uri is None and kind == "evaluation" else uri
         return uri.replace("{region}", self.aws.region)
 
 
-def _describe(error: dict[str, Any]) -> str:
-    key = ".".join(str(p) for p in error["loc"])
-    if error["type"] == "extra_forbidden":
-        return f"{key}: unknown key (value {error['input']!r}); check the spelling against pipeline.yaml"
-    if error["type"] == "missing":
-        return f"{key}: missing; expected a value"
+# what pydantic adds to an error's loc: a union member's name (bool, literal['auto'], function-after[...]), [key]
+LOC_MARKER = re.compile(r"^(bool|int|float|str|none|[a-z-]*\[.*\])$")
+NAMES_ITS_KEY = re.compile(r"^[a-z_]+(\.[^\s=:]+)*[=:]")  # a check's message that begins with its key: aws.tags: ...
+
+
+def _key(error: dict[str, Any]) -> str:
+    """The dotted config key of a pydantic error."""
+    return ".".join(str(p) for p in error["loc"] if not (isinstance(p, str) and LOC_MARKER.match(p)))
+
+
+def _expected(error: dict[str, Any]) -> str:
     expected = error["msg"]
-    if error["type"] == "value_error" and ": expected" in expected:
-        return expected.removeprefix("Value error, ")  # a cross-field check that already names its key
     for prefix in ("Value error, ", "Assertion failed, ", "Input should be "):
         expected = expected.removeprefix(prefix)
+    expected = re.sub(r"^(String|List|Dictionary|Tuple|Set) should (have|be) ", "", expected)
     if error["type"] == "string_pattern_mismatch":
-        pattern = error.get("ctx", {}).get("pattern", "")
-        expected = {
-            INSTANCE_TYPE: "an instance type like ml.trn1.32xlarge",
-            ROLE_ARN: "an IAM role ARN like arn:aws:iam::123456789012:role/Name",
-            S3_URI: "an S3 URI like s3://bucket/prefix",
-        }.get(pattern, f"a string matching {pattern}")
-    return f"{key}={error['input']!r}: expected {expected}"
+        regex = error.get("ctx", {}).get("pattern", "")
+        expected = EXPECTED.get(regex, f"a string matching {regex}")
+    elif error["type"] == "string_type" and isinstance(error["input"], (bool, int, float)):
+        text = str(error["input"]).lower() if isinstance(error["input"], bool) else error["input"]
+        kind = {bool: "a boolean", int: "an integer", float: "a number"}[type(error["input"])]
+        expected = f'a string (YAML reads {text} as {kind}: quote it, "{text}")'
+    return expected
+
+
+def _describe(errors: list[dict[str, Any]]) -> str:
+    """One line for pydantic's errors: each key once, with its value and what is expected (a union's options joined
+    by "or")."""
+    said: dict[str, list[str]] = {}
+    for error in errors:
+        key = _key(error)
+        if error["type"] == "extra_forbidden":
+            line = f"{key}: unknown key (value {error['input']!r}); check the spelling against pipeline.yaml"
+        elif error["type"] == "missing":
+            line = f"{key}: missing; expected a value"
+        elif error["type"] == "value_error" and NAMES_ITS_KEY.match(error["msg"].removeprefix("Value error, ")):
+            line = error["msg"].removeprefix("Value error, ")  # a check that already names its key
+        else:
+            prefix = f"{key}={error['input']!r}: expected "
+            if key in said and said[key][-1].startswith(prefix):
+                said[key][-1] += f" or {_expected(error)}"
+                continue
+            line = prefix + _expected(error)
+        said.setdefault(key, []).append(line)
+    return "; ".join(line for lines in said.values() for line in lines)
+
+
+# The config key each pipeline parameter's default comes from (pipeline/sdk.py): an execution's value is held to it
+PARAMETER_KEYS = {
+    contract.INPUT_DATA: "data.source",
+    contract.TRAIN_INSTANCE_TYPE: "training.instance_type",
+    contract.TRAIN_INSTANCE_COUNT: "training.instance_count",
+    contract.EPOCHS: "training.epochs",
+    contract.LEARNING_RATE: "training.learning_rate",
+    contract.BATCH_SIZE: "training.batch_size",
+    contract.MAX_LENGTH: "training.max_length",
+    contract.ACCURACY_THRESHOLD: "evaluation.accuracy_threshold",
+    contract.MODEL_APPROVAL_STATUS: "registry.approval_status",
+}
+
+
+def check_parameter_values(cfg: Config, values: Mapping[str, Any], given: Iterable[str], option: str = "--param ",
+                     error: type[UserError] = ConfigError) -> None:
+    """An execution's parameters (`given`: those it sets) pass the checks of the config keys they stand for, as
+    if the config said so (Epochs=0, LearningRate=5, TrainInstanceCount=0 would fail only after Tokenize)."""
+    given = [name for name in given if name in PARAMETER_KEYS]
+    if not given:
+        return
+    tree = cfg.model_dump()
+    for name in given:
+        set_path(tree, PARAMETER_KEYS[name], values[name])
+    try:
+        Config.model_validate(tree)
+    except ValidationError as e:
+        said = ", ".join(f"{option}{name}" for name in given)
+        raise error(f"{said}: {_describe(e.errors())}") from None
 
 
 def load_config(
@@ -330,11 +410,16 @@ def load_config(
     environ = os.environ if environ is None else environ
     typed = [(key, environ[var]) for var, key in ENV_OVERRIDES.items() if environ.get(var)]
     typed += [parse_override(text) for text in overrides]
+    if tree.get("local") is None:
+        tree["local"] = {}
+    section = tree["local"]
+    if isinstance(section, dict) and section.get("overrides") is None:  # the profile that --set local.* changes
+        section["overrides"] = copy.deepcopy(LOCAL_OVERRIDES)
     for key, value in typed:  # the local section first: its overrides may themselves be set
         if key.startswith("local."):
             set_path(tree, key, value)
-    section = tree.get("local")
-    profile = section.get("overrides", LOCAL_OVERRIDES) if isinstance(section, dict) else LOCAL_OVERRIDES
+    section = tree["local"]
+    profile = section.get("overrides") if isinstance(section, dict) else None
     if local and isinstance(profile, dict):
         merge(tree, copy.deepcopy({key: value for key, value in profile.items() if key != "local"}))
     for key, value in typed:
@@ -343,5 +428,9 @@ def load_config(
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
-        errors = "; ".join(_describe(err) for err in e.errors())
+        errors = _describe(e.errors())
+        set_keys = {key for key, _ in typed[len(typed) - len(overrides):]}  # --set wins over the environment
+        for var, key in ENV_OVERRIDES.items():
+            if environ.get(var) and key not in set_keys:
+                errors = errors.replace(f"{key}={environ[var]!r}:", f"{key}={environ[var]!r} (from {var}):")
         raise ConfigError(f"{errors} (the local profile: local.overrides applied)" if local else errors) from None

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from pipeline.config_base import ENDPOINT_NAME, INSTANCE_TYPE, ROLE_ARN, S3_URI, Section
+from pipeline.config_base import (
+    ENDPOINT_NAME,
+    ENDPOINT_NAME_LENGTH,
+    INSTANCE_TYPE,
+    ROLE_ARN,
+    S3_URI,
+    Section,
+    pattern,
+)
 from steps.deploy.lifecycle import Policy
 from steps.deploy.sagemaker_account import TARGET_INVOCATIONS
 
 POLICY = Policy()  # the lifecycle's defaults (the deploy Lambda falls back to them too): their one home
+TOPIC_ARN = pattern(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w.-]+$",
+                    "an SNS topic ARN like arn:aws:sns:us-east-1:123456789012:alerts")
 
 
 class Staging(Section):
     """The staging endpoint: every approved version is deployed and tested here first."""
 
-    endpoint_name: str | None = Field(default=None, pattern=ENDPOINT_NAME)  # default <deploy.endpoint_name>-staging
+    # default: <deploy.endpoint_name>-staging
+    endpoint_name: str | None = Field(default=None, pattern=ENDPOINT_NAME, max_length=ENDPOINT_NAME_LENGTH)
     instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
     instance_count: int = Field(default=1, ge=1)
 
@@ -46,10 +57,11 @@ class Autoscaling(Section):
 
 
 class Deploy(Section):
-    endpoint_name: str = Field(pattern=ENDPOINT_NAME)  # the production endpoint
+    endpoint_name: str = Field(pattern=ENDPOINT_NAME, max_length=ENDPOINT_NAME_LENGTH)  # the production endpoint
     instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
     instance_count: int = Field(default=1, ge=1)
-    lambda_function_name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    lambda_function_name: str = Field(pattern=pattern(r"^[a-zA-Z0-9_-]{1,64}$",
+                                                      "a Lambda function name: 1 to 64 letters, digits, - and _"))
     lambda_role_arn: str | None = Field(default=None, pattern=ROLE_ARN)
     data_capture_s3_uri: str | None = Field(default=None, pattern=S3_URI)
     guardrails_alarm: str | None = None
@@ -66,6 +78,11 @@ class Deploy(Section):
 
     @model_validator(mode="after")
     def _endpoints(self) -> Deploy:
+        if self.staging.endpoint_name is None and len(self.staging_endpoint_name) > ENDPOINT_NAME_LENGTH:
+            raise ValueError(f"deploy.endpoint_name={self.endpoint_name!r}: expected at most "
+                             f"{ENDPOINT_NAME_LENGTH - len('-staging')} characters, so that the staging endpoint "
+                             f"{self.staging_endpoint_name!r} fits SageMaker's {ENDPOINT_NAME_LENGTH}; or set "
+                             "deploy.staging.endpoint_name")
         if self.staging_endpoint_name.lower() == self.endpoint_name.lower():
             raise ValueError(f"deploy.staging.endpoint_name={self.staging_endpoint_name!r}: expected another name "
                              f"than deploy.endpoint_name")
@@ -79,5 +96,6 @@ class Deploy(Section):
 class Alerts(Section):
     """The alerts topic (made by bootstrap) and its optional e-mail subscription."""
 
-    email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-    topic_arn: str | None = Field(default=None, pattern=r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w.-]+$")
+    email: str | None = Field(default=None, pattern=pattern(r"^[^@\s]+@[^@\s]+\.[^@\s]+$",
+                                                            "an email address like ml-team@example.com"))
+    topic_arn: str | None = Field(default=None, pattern=TOPIC_ARN)

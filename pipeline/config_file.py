@@ -64,7 +64,7 @@ def write_config(path: str | Path, updates: dict[str, str | None]) -> list[str]:
     it back; written atomically, only when something changed); the keys whose value changed."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     newline = "\r\n" if "\r\n" in text else "\n"
@@ -88,6 +88,6 @@ def write_config(path: str | Path, updates: dict[str, str | None]) -> list[str]:
             raise ConfigError(f"{path}: could not set {key} safely; set it by hand to {value}")
     if new != text:
         tmp = path.with_name(f".{path.name}.bootstrap")
-        tmp.write_text(new)
+        tmp.write_text(new, encoding="utf-8")
         os.replace(tmp, path)
     return changed

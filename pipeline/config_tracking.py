@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from pipeline.config_base import MLFLOW_ARN, Section
+from pipeline.config_base import MLFLOW_ARN, Section, pattern
 
 
 class Tracking(Section):
@@ -14,7 +14,8 @@ class Tracking(Section):
     `server_arn` (none: nothing is tracked there), with `run --local` to the store under local.root."""
 
     server_arn: str | None = Field(default=None, pattern=MLFLOW_ARN)
-    experiment: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9\-_./]{1,256}$")  # default: pipeline.name
+    experiment: str | None = Field(default=None, pattern=pattern(  # default: pipeline.name
+        r"^[a-zA-Z0-9\-_./]{1,256}$", "an experiment name: 1 to 256 letters, digits and - _ . /"))
     create_server: bool = False  # bootstrap creates a tracking server (and writes its ARN into server_arn)
 
 

@@ -28,6 +28,11 @@ class Spot(Section):
     max_wait_seconds: int = Field(default=48 * 3600, ge=60, le=28 * 24 * 3600)
 
 
+def _counted(value: Any) -> bool:
+    """A count the config accepts (an int >= 1, not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 class Training(NeuronBackend):
     instance_type: str = Field(pattern=INSTANCE_TYPE)
     instance_count: int = Field(default=1, ge=1)
@@ -36,7 +41,7 @@ class Training(NeuronBackend):
     spot: Spot = Spot()
     checkpoint_s3_uri: str | None = Field(default=None, pattern=S3_URI)
     compile_cache_s3_uri: str | None = Field(default=None, pattern=S3_URI)
-    model_id: str = "bert-base-uncased"
+    model_id: str = Field(default="bert-base-uncased", min_length=1)
     epochs: int = Field(default=2, ge=1)
     max_steps: int = -1  # -1: train for `epochs`; else exactly this many optimizer steps
     batch_size: int = Field(ge=1)  # per device; `auto` (the default): pipeline/devices.py DEVICE_BATCH_SIZE
@@ -45,7 +50,7 @@ class Training(NeuronBackend):
     warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
     weight_decay: float = Field(default=0.01, ge=0)
     max_length: int = Field(default=128, ge=8, le=512)
-    seed: int = 42
+    seed: int = Field(default=42, ge=0, le=2**32 - 1)  # a seed that numpy and torch take everywhere
     log_interval: int = Field(default=50, ge=1)
     checkpoint_interval: int = Field(default=500, ge=1)
     checkpoint_minutes: float = Field(default=30.0, ge=0)  # also checkpoint after this long; 0: steps only
@@ -63,11 +68,10 @@ class Training(NeuronBackend):
                 raise ValueError(f"training.{key}={data[key]!r}: expected a number or {AUTO!r}")
         if data.get("batch_size", AUTO) == AUTO:
             data["batch_size"] = default_batch_size(data["instance_type"])
-        if data.get("learning_rate", AUTO) == AUTO and isinstance(data["batch_size"], int):
-            count, accum = data.get("instance_count", 1), data.get("grad_accum", 1)
-            data["learning_rate"] = scaled_learning_rate(global_batch_size(
-                data["instance_type"], count if isinstance(count, int) else 1, data["batch_size"],
-                accum if isinstance(accum, int) else 1))
+        if data.get("learning_rate", AUTO) == AUTO:  # from sane stand-ins where a count is wrong: its error is said
+            batch, count, accum = (data[key] if _counted(data.get(key)) else fallback for key, fallback in (
+                ("batch_size", default_batch_size(data["instance_type"])), ("instance_count", 1), ("grad_accum", 1)))
+            data["learning_rate"] = scaled_learning_rate(global_batch_size(data["instance_type"], count, batch, accum))
         return data
 
     @field_validator("model_id")

@@ -29,6 +29,12 @@ def offline_sdk(region: str) -> None:
     os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"
     warnings.filterwarnings("ignore", module=r"sagemaker\..*")
     logging.getLogger("sagemaker.config").setLevel(logging.ERROR)
+    root, guard = logging.getLogger(), logging.NullHandler()
+    root.addHandler(guard)  # this SDK module calls logging.basicConfig(INFO) at import: botocore's INFO lines
+    try:  # would print around every command's output
+        import sagemaker.core.experiments._metrics  # noqa: F401
+    finally:
+        root.removeHandler(guard)
     import sagemaker.core.telemetry.telemetry_logging as telemetry
 
     # Telemetry would call sts:GetCallerIdentity and an HTTPS endpoint on every decorated call.

@@ -21,6 +21,7 @@ from pipeline.errors import ConfigError, Terminated, UserError, storage_fault
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
 debug = False  # the global --debug option: failures show their traceback
+INTERRUPTED_EXIT = 130  # what Typer exits with, silently, when a command is interrupted (KeyboardInterrupt)
 
 LOCAL = Annotated[bool, typer.Option("--local", help="On this machine: local runner, registry and endpoint.")]
 ROOT = Annotated[Path | None, typer.Option(help="Folder of the local account (default local.root).")]
@@ -54,6 +55,13 @@ def run(app: Callable[[], None]) -> None:
     debug = False
     try:
         app()
+    except SystemExit as exit_:
+        interrupt = _interrupt_behind(exit_)
+        if interrupt is None:
+            raise
+        if debug:
+            raise interrupt from None
+        sys.exit(_fail(interrupt))
     except (KeyboardInterrupt, Exception) as error:
         if debug:
             raise
@@ -61,6 +69,16 @@ def run(app: Callable[[], None]) -> None:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _interrupt_behind(exit_: SystemExit) -> KeyboardInterrupt | None:
+    """The Ctrl-C or signal (Terminated) that Typer turned into a silent exit 130, if that is what `exit_` is."""
+    if exit_.code != INTERRUPTED_EXIT:
+        return None
+    cause: BaseException | None = exit_
+    while cause is not None and not isinstance(cause, KeyboardInterrupt):
+        cause = cause.__cause__ or cause.__context__
+    return cause
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,8 @@ def test_start_passes_parameters_and_status_reads_them_back(aws, capsys):
 @pytest.mark.parametrize(
     ("param", "message"),
     [
-        ("Epochs=three", "--param Epochs='three': expected a Integer"),
+        ("Epochs=three", "--param Epochs='three': expected an Integer"),
+        ("Epochs=0", "--param Epochs: training.epochs=0: expected greater than or equal to 1"),
         ("Epoch=3", "--param Epoch: unknown parameter; expected one of AccuracyThreshold"),
         ("Epochs", "expected NAME=VALUE"),
         ("InputData=s3://bkt/polarity/", "built for a Hub or sample data.source, so its Tokenize step has no S3 input"),
@@ -126,6 +128,11 @@ def test_config_error_exits_non_zero_with_one_line(capsys):
         "config error: training.instance_type='p4d.24xlarge': expected an instance type like ml.trn1.32xlarge"
     )
     assert out == ""
+    code, out, err = cli(capsys, "definition", "--bogus")  # a command line that does not parse: 2 too, as docs/cli.md
+    assert code == 2 and "No such option: --bogus" in err and "Usage:" in err and out == ""
+    code, out, err = cli(capsys, "models", "list", "--local", "--status", "Bogus")  # a choice: said before running
+    assert code == 2 and "'Bogus' is not one of 'Approved', 'PendingManualApproval', 'Rejected'" in " ".join(
+        line.strip("│ ") for line in err.splitlines()), err
 
 
 def test_missing_bucket_is_one_clear_line(no_network, capsys):
@@ -184,10 +191,14 @@ def test_console_script_against_moto_server(moto_server, tmp_path):
     start = run("start", "--param", "Epochs=1", "--wait", "--poll", "0.2")
     assert start.returncode == 0, start.stderr
     assert "Succeeded" in start.stdout
+    assert "INFO:" not in upsert.stderr + start.stderr  # no botocore INFO lines (the SDK calls basicConfig(INFO))
     arn = start.stdout.split("started ")[1].split()[0]
     sagemaker = boto3.client("sagemaker", endpoint_url=moto_server, region_name="us-east-1")
     params = sagemaker.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
     assert {"Name": "Epochs", "Value": "1"} in params
+    refused = run("start", "--param", "Epochs=0")  # one line: no INFO lines of botocore (the SDK's basicConfig)
+    assert (refused.returncode, refused.stdout, refused.stderr.splitlines()) == (
+        1, "", ["error: --param Epochs: training.epochs=0: expected greater than or equal to 1"])
     bad = run("--set", "evaluation.accuracy_threshold=2", "definition")
     assert bad.returncode == 2
     assert "evaluation.accuracy_threshold=2: expected less than or equal to 1" in bad.stderr
@@ -460,3 +471,42 @@ def test_help_lists_the_commands_by_what_they_act_on():
         "triggers": "Triggers",
         **dict.fromkeys(("bootstrap", "upsert", "definition", "compare"), "Account"),
     }
+
+
+
+def test_models_list_filters_by_a_status(tmp_path, capsys):
+    from pipeline.local.registry import Registry
+
+    registry = Registry(tmp_path / "registry.sqlite")
+    for status in ("Approved", "Rejected", "Approved"):
+        registry.register("trainium-bert", "s3://b/m.tar.gz", approval_status=status)
+    code, out, err = cli(capsys, "models", "list", "--local", "--root", str(tmp_path), "--status", "Approved")
+    assert code == 0, err
+    assert [line.split()[1] for line in out.splitlines() if line.startswith(("│ 1 ", "│ 2 ", "│ 3 "))] == ["3", "1"]
+
+
+WAITING_COMMAND = """
+import time, typer
+from pipeline import terminal
+app = typer.Typer()
+@app.command()
+def wait() -> None:
+    print("ready", flush=True)
+    time.sleep(60)
+terminal.run(app)
+"""
+
+
+@pytest.mark.parametrize(("signum", "code", "line"), [
+    (signal.SIGINT, 130, "interrupted"),
+    (signal.SIGTERM, 143, "interrupted (stopped by SIGTERM)"),
+    (signal.SIGHUP, 129, "interrupted (stopped by SIGHUP)"),
+])
+def test_an_interrupted_command_says_so_and_exits_128_plus_the_signal(signum, code, line):
+    """As docs/cli.md: Typer turns Ctrl-C into a silent exit 130; the CLI says it and exits 128 + the signal."""
+    command = subprocess.Popen([sys.executable, "-c", WAITING_COMMAND], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert command.stdout.readline().strip() == "ready"
+    command.send_signal(signum)
+    _, err = command.communicate(timeout=60)
+    assert (command.returncode, err.splitlines()) == (code, [line])

@@ -89,9 +89,9 @@ def test_dry_run_one_request_per_type_with_its_image_and_the_same_work(cfg, defi
 
 def test_plan_options_and_errors(cfg, definition):
     data = cmp.tokenized_at(DATA)
-    planned = cmp.plan(cfg, definition, ["ml.p4d.24xlarge"], data, max_steps=50, global_batch=256, max_device_batch=16)
+    planned = cmp.plan(cfg, definition, ["ml.p4d.24xlarge"], data, max_steps=51, global_batch=256, max_device_batch=16)
     hp = planned.requests[0]["HyperParameters"]
-    assert (hp["batch-size"], hp["grad-accum"], hp["max-steps"]) == ("16", "2", "50")
+    assert (hp["batch-size"], hp["grad-accum"], hp["max-steps"]) == ("16", "2", "51")
 
     cases = [
         (["ml.c5.xlarge"], {}, "--instance-types ml.c5.xlarge: not a known Trainium or GPU training type"),
@@ -104,6 +104,7 @@ def test_plan_options_and_errors(cfg, definition):
             "expected a multiple of 32",
         ),
         (["ml.trn1.2xlarge"], {"max_steps": 0}, "--max-steps 0: expected a number of steps >= 1"),
+        (["ml.trn1.2xlarge"], {"max_steps": 50}, "--max-steps 50: the jobs read out every 50 steps"),
     ]
     for types, options, message in cases:
         with pytest.raises(cmp.CompareError) as error:

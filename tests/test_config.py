@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pipeline.config import Config, ConfigError, load_config, parse_override
+from pipeline.config import PARAMETER_KEYS, Config, ConfigError, check_parameter_values, load_config, parse_override
+from pipeline.definition import definition
 from pipeline.devices import MULTI_NODE_NEURON_TYPES
 
 SHIPPED = Path(__file__).resolve().parent.parent / "pipeline.yaml"
@@ -47,13 +52,42 @@ def test_shipped_config_loads_with_documented_defaults():
         ("training.checkpoint_s3_uri=bucket/ckpt", "training.checkpoint_s3_uri='bucket/ckpt': expected an S3 URI"),
         ("training.max_steps=0", "training.max_steps=0: expected a number of optimizer steps >= 1, or -1 for no limit"),
         ("training.max_steps=-5", "training.max_steps=-5: expected a number of optimizer steps >= 1, or -1"),
+        ("training.bf16=yes", "training.bf16='yes': expected 'auto' or a valid boolean"),  # a union, said once
+        ("images.inference=", "images.inference='': expected at least 1 character"),
+        ("aws.region=moon", "aws.region='moon': expected an AWS region like us-east-1"),
+        ("triggers.schedule=daily", "triggers.schedule='daily': expected an EventBridge schedule like rate(1 day)"),
+        ("pipeline.cache_expire_after=30days", "pipeline.cache_expire_after='30days': expected an ISO 8601 duration"),
+        ("tracking.server_arn=arn:aws:sagemaker:us-east-1:123456789012:mlflow-app/x",
+         "expected a SageMaker MLflow tracking server ARN like arn:aws:sagemaker:us-east-1:123456789012:"
+         "mlflow-tracking-server/name (an MLflow App's ARN is not one: another host and signing)"),
+        ("pipeline.model_package_group=a_b", "expected letters, digits and hyphens, starting and ending with a letter"),
+        ("aws.tags.Version=2", 'aws.tags.Version=2: expected a string (YAML reads 2 as an integer: quote it, "2")'),
     ],
 )
 def test_bad_values_name_the_key_the_value_and_the_expectation(override, message):
     with pytest.raises(ConfigError) as error:
         load_config(SHIPPED, [override], environ={})
     assert message in str(error.value)
-    assert "\n" not in str(error.value)
+    assert "\n" not in str(error.value) and "a string matching" not in str(error.value)
+
+
+def test_every_pattern_of_the_config_says_what_it_expects_in_words():
+    from pydantic import BaseModel
+
+    from pipeline import config
+    from pipeline.config_base import EXPECTED
+
+    def patterns(model: type[BaseModel]):
+        for field in model.model_fields.values():
+            for meta in field.metadata:
+                if getattr(meta, "pattern", None):
+                    yield meta.pattern
+            for kind in getattr(field.annotation, "__args__", (field.annotation,)):
+                if isinstance(kind, type) and issubclass(kind, BaseModel):
+                    yield from patterns(kind)
+
+    found = set(patterns(config.Config))
+    assert len(found) >= 12 and found <= EXPECTED.keys(), found - EXPECTED.keys()
 
 
 def test_unknown_top_level_key_and_missing_section(tmp_path):
@@ -117,6 +151,16 @@ def test_the_training_image_must_carry_the_backends_pytorch(sets, message):
         load_config(SHIPPED, sets, environ={})
 
 
+def test_a_bad_value_from_the_environment_names_its_variable():
+    with pytest.raises(ConfigError) as error:
+        load_config(SHIPPED, [], environ={"TRAINIUM_PIPELINE_REGION": "moon"})
+    assert str(error.value) == ("aws.region='moon' (from TRAINIUM_PIPELINE_REGION): expected an AWS region like "
+                                "us-east-1")
+    with pytest.raises(ConfigError) as error:
+        load_config(SHIPPED, ["aws.region=mars"], environ={"TRAINIUM_PIPELINE_REGION": "moon"})
+    assert str(error.value).startswith("aws.region='mars': expected")  # --set wins: its value is the one said
+
+
 def test_environment_then_set_overrides_apply_in_that_order():
     environ = {
         "TRAINIUM_PIPELINE_REGION": "eu-west-1",
@@ -139,6 +183,28 @@ def test_override_syntax_errors_are_explained():
         parse_override("training.epochs")
     assert parse_override("aws.vpc=null") == ("aws.vpc", None)
     assert parse_override("training.bf16=false") == ("training.bf16", False)
+    with pytest.raises(ConfigError) as error:
+        parse_override("aws.tags.team=@x")
+    assert str(error.value) == ("--set 'aws.tags.team=@x': the value is not valid YAML (found character '@' that "
+                                "cannot start any token); text that YAML cannot read plainly needs quotes: "
+                                "--set 'aws.tags.team=\"@x\"'")
+    assert parse_override('aws.tags.team="@x"') == ("aws.tags.team", "@x")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("training.backend=native", "training.backend=native: TorchNeuron runs on trn2/trn3 only"),
+    ("aws.vpc={subnets: [s], security_group_ids: [g], internet: false}", "aws.vpc.internet=False: the steps cannot"),
+    ("aws.tags={" + ", ".join(f"t{i}: v" for i in range(51)) + "}", "aws.tags: 51 tags, expected at most 50"),
+    ("training.batch_size=0", "training.batch_size=0: expected greater than or equal to 1"),
+    ("training.grad_accum=0", "training.grad_accum=0: expected greater than or equal to 1"),
+])
+def test_a_check_across_keys_says_its_own_line_not_the_section(override, message):
+    """The message of a check that names its key is the whole error: no section dumped, no key the user did not
+    set (the `auto` learning rate is not worked out from a wrong batch size)."""
+    with pytest.raises(ConfigError) as error:
+        load_config(SHIPPED, [override], environ={})
+    said = str(error.value)
+    assert said.startswith(message) and "{'" not in said and "learning_rate" not in said, said
 
 
 def test_missing_or_broken_file(tmp_path):
@@ -148,3 +214,101 @@ def test_missing_or_broken_file(tmp_path):
     bad.write_text("aws: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad, environ={})
+    with pytest.raises(ConfigError, match="cannot read the config file"):  # a folder: a config error (exit 2)
+        load_config(tmp_path, environ={})
+
+
+def test_yaml_errors_say_where_and_what(tmp_path):
+    """A key given twice loses a value in PyYAML (the last wins): it is refused, as YAML 1.2 says. A syntax error
+    names its line, column and problem."""
+    text = SHIPPED.read_text()
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(text.replace("  epochs: 2", "  epochs: 2\n  epochs: 5", 1))
+    with pytest.raises(ConfigError) as error:
+        load_config(twice, environ={})
+    line = text.splitlines().index(next(x for x in text.splitlines() if x.startswith("  epochs: 2"))) + 2
+    assert f"line {line}, column 3: not valid YAML: the key 'epochs' is given twice" in str(error.value)
+    tab = tmp_path / "tab.yaml"
+    tab.write_text("training:\n\tepochs: 2\n")
+    with pytest.raises(ConfigError, match=r"line 2, column 1: not valid YAML: found character '\\t'"):
+        load_config(tab, environ={})
+
+
+def test_integers_are_decimal_as_in_yaml_1_2(tmp_path):
+    path = tmp_path / "ints.yaml"
+    path.write_text(SHIPPED.read_text().replace("  seed: 42", "  seed: 042", 1))
+    assert "  seed: 42" in SHIPPED.read_text() and load_config(path, environ={}).training.seed == 42  # not octal 34
+    assert parse_override("pipeline.name=1:30") == ("pipeline.name", "1:30")  # not sexagesimal 90
+
+
+def test_the_file_is_utf8_whatever_the_locale(tmp_path):
+    path = tmp_path / "utf8.yaml"
+    path.write_text("# café\n" + SHIPPED.read_text(), encoding="utf-8")
+    code = f"from pipeline.config import load_config; print(load_config({str(path)!r}, environ={{}}).pipeline.name)"
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "trainium-bert", run.stderr
+    latin = tmp_path / "latin1.yaml"
+    latin.write_bytes("# caf\xe9\n".encode("latin-1") + SHIPPED.read_bytes())
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(latin, environ={})
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("images.processing=", "images.processing='': expected"),
+    ("images.evaluation=", "images.evaluation='': expected"),
+    ("training.model_id=", "training.model_id='': expected"),
+    ("training.seed=-1", "training.seed=-1: expected greater than or equal to 0"),
+    ("aws.tags.owner=a, b", "aws.tags.owner='a, b': expected at most 256 characters of letters"),
+    ("aws.tags.aws:owner=x", "key 'aws:owner': expected a key without the prefix aws:"),
+    ("data.source=s3://my-bucket/data,v2/", "data.source='s3://my-bucket/data,v2/': expected at most 256 characters"),
+    ("deploy.endpoint_name=" + "e" * 56, "expected at most 55 characters, so that the staging endpoint"),
+    ("deploy.endpoint_name=a" + "-" * 62 + "b", "expected at most 63 characters"),
+])
+def test_values_the_jobs_or_sagemaker_would_refuse_later_are_refused_now(override, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(SHIPPED, [override], environ={})
+    assert message in str(error.value)
+
+
+def test_set_reaches_every_key_and_empty_sections():
+    cfg = load_config(SHIPPED, ["aws.tags.Project=x", "aws.tags.cost-center=42a",
+                                "aws.vpc.subnets=[subnet-1]", "aws.vpc.security_group_ids=[sg-1]"], environ={})
+    assert (cfg.aws.tags["Project"], cfg.aws.tags["cost-center"], cfg.aws.vpc.subnets) == ("x", "42a", ["subnet-1"])
+    assert "~/data" != load_config(SHIPPED, ["data.source=~/data"], environ={}).data.source  # ~ expanded
+
+
+def test_setting_one_local_override_keeps_the_rest_of_the_laptop_profile(tmp_path):
+    """Without a local.overrides section, --set local.overrides.X changes the default profile, not replaces it."""
+    tree = yaml.safe_load(SHIPPED.read_text())
+    del tree["local"]
+    path = tmp_path / "no-local.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    cfg = load_config(path, ["local.overrides.training.epochs=3"], environ={}, local=True)
+    assert (cfg.training.epochs, cfg.data.source, cfg.registry.approval_status) == (3, "sample:2000", "Approved")
+    assert cfg.training.model_id != "bert-base-uncased"
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ({"Epochs": 0}, "--param Epochs: training.epochs=0: expected greater than or equal to 1"),
+    ({"LearningRate": 5.0}, "--param LearningRate: training.learning_rate=5.0: expected less than 1"),
+    ({"TrainInstanceCount": 0}, "--param TrainInstanceCount: training.instance_count=0: expected greater than"),
+    ({"MaxLength": 100000}, "--param MaxLength: training.max_length=100000: expected less than or equal to 512"),
+    ({"TrainInstanceType": "trn1"}, "--param TrainInstanceType: training.instance_type='trn1': expected an "
+                                    "instance type"),
+])
+def test_an_executions_parameters_pass_the_checks_of_their_config_keys(parameters, message):
+    cfg = load_config(SHIPPED, environ={})
+    with pytest.raises(ConfigError) as error:
+        check_parameter_values(cfg, parameters, parameters)
+    assert str(error.value) == message or str(error.value).startswith(message)
+    check_parameter_values(cfg, {"Epochs": 3, "LearningRate": 3e-5}, ["Epochs", "LearningRate"])
+
+
+def test_each_parameter_defaults_to_its_config_key():
+    cfg = load_config(SHIPPED, environ={})
+    declared = json.loads(definition(cfg))["Parameters"]
+    assert {p["Name"] for p in declared} == set(PARAMETER_KEYS)
+    for parameter in declared:
+        section, key = PARAMETER_KEYS[parameter["Name"]].split(".")
+        assert parameter["DefaultValue"] == getattr(getattr(cfg, section), key), parameter

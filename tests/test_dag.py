@@ -50,6 +50,9 @@ def test_join_stringifies_like_the_service(ctx):
 def test_json_get_reads_the_property_file(ctx):
     assert evaluate(json_get("metrics.accuracy.value"), ctx, "s") == 0.875
     assert evaluate(json_get("classes[0].f1"), ctx, "s") == 0.5
+    # JsonPath from its root, as the developer guide's JsonGet takes it (build-and-manage-propertyfile)
+    assert evaluate(json_get("$.metrics.accuracy.value"), ctx, "s") == 0.875
+    assert evaluate(json_get("$['metrics']['accuracy']['value']"), ctx, "s") == 0.875
     with pytest.raises(ExpressionError, match="no value at 'precision'"):
         evaluate(json_get("metrics.precision.value"), ctx, "s")
 
@@ -140,7 +143,7 @@ def test_parameters_are_cast_to_their_declared_types():
         "Flag": True,
         "Name": "x",
     }
-    with pytest.raises(ParameterError, match="--param Epochs='five': expected a Integer"):
+    with pytest.raises(ParameterError, match="--param Epochs='five': expected an Integer"):
         resolve({"Parameters": declared, "Steps": []}, {"Epochs": "five"})
     with pytest.raises(ParameterError, match="--param Epoch: unknown parameter; expected one of"):
         resolve({"Parameters": declared, "Steps": []}, {"Epoch": "1"})
@@ -233,5 +236,9 @@ def test_the_local_runner_knows_every_execution_variable_the_sdk_writes():
         assert evaluate({"Get": f"Execution.{name}"}, state.context, "step S"), name
     arn = evaluate({"Get": "Execution.PipelineArn"}, state.context, "step S")
     assert arn == "arn:aws:sagemaker:local:000000000000:pipeline/demo"
+    named = ExecutionState(Execution.new("Demo-BERT", {}, {}), StepGraph({"Steps": []}), None).context
+    pipeline_arn, execution_arn = (evaluate({"Get": f"Execution.{n}"}, named, "step S")
+                                   for n in ("PipelineArn", "PipelineExecutionArn"))
+    assert pipeline_arn.endswith(":pipeline/demo-bert") and execution_arn.startswith(pipeline_arn + "/execution/")
     first = evaluate({"Get": "Execution.CurrentDateTime"}, state.context, "step S")
     assert first >= evaluate({"Get": "Execution.StartDateTime"}, state.context, "step S")

@@ -10,6 +10,7 @@ import inspect
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,9 @@ def steps(dag):
 
 
 def without_code_hashes(text: str) -> str:
-    """The definition with content hashes of the step code replaced, so the golden file tracks the DAG only."""
-    return re.sub(r"[0-9a-f]{64}", "<sha256>", text)
+    """The definition with content hashes of the step code, and the checkpoint folder's digest (which holds the code's
+    hash), replaced, so the golden file tracks the DAG only."""
+    return re.sub(r'"[0-9a-f]{16}"', '"<digest>"', re.sub(r"[0-9a-f]{64}", "<sha256>", text))
 
 
 def references(node, found=None):
@@ -110,7 +112,7 @@ def test_steps_types_and_wiring(dag, steps):
 def test_parameters(dag):
     declared = {p["Name"]: (p["Type"], p["DefaultValue"]) for p in dag["Parameters"]}
     assert declared == {
-        "InputData": ("String", "amazon_polarity"),
+        "InputData": ("String", "fancyzhx/amazon_polarity"),
         "TrainInstanceType": ("String", "ml.trn1.32xlarge"),
         "TrainInstanceCount": ("Integer", 1),
         "Epochs": ("Integer", 2),
@@ -312,6 +314,26 @@ def test_code_hash_follows_content_only(tmp_path):
     changed = CodeBundle("training", folder, (folder,), packed=True)
     assert changed.sha256 != first.sha256
     assert changed.uri("s3://b/p") == f"s3://b/p/code/{changed.sha256}/training/sourcedir.tar.gz"
+
+
+def test_hidden_and_git_ignored_files_are_not_code(tmp_path):
+    """A .DS_Store, an editor's .swp or a build/ folder that git ignores must not change the bundle: the same commit
+    gives the same definition on every machine. A new file git does not ignore is code."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("build/\n")
+    folder = tmp_path / "training"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('a')\n")
+    first = CodeBundle("training", tmp_path, (folder,), packed=True)
+    (folder / ".DS_Store").write_bytes(b"\0\1")
+    (folder / ".train.py.swp").write_bytes(b"\0")
+    (folder / "build" / "lib").mkdir(parents=True)
+    (folder / "build" / "lib" / "train.py").write_text("print('old')\n")
+    again = CodeBundle("training", tmp_path, (folder,), packed=True)
+    assert list(again.files) == ["training/train.py"] and again.sha256 == first.sha256
+    (folder / "helpers.py").write_text("X = 1\n")  # untracked, not ignored: part of the code
+    assert list(CodeBundle("training", tmp_path, (folder,), packed=True).files) == ["training/helpers.py",
+                                                                                     "training/train.py"]
 
 
 @pytest.fixture(scope="module")

@@ -35,3 +35,15 @@ def test_ci_sets_up_with_the_readmes_first_command():
     first = re.search(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text()).group(1)
     assert first.startswith("python3 -m venv .venv") and "uv pip install" in first
     assert first in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_the_lifecycle_defaults_pipeline_yaml_names_are_the_code_s():
+    """pipeline.yaml leaves deploy.test and deploy.auto_promote out (their one home is Policy) and says their values."""
+    from steps.deploy.lifecycle import Policy
+
+    said = dict(re.findall(r"^  # ((?:test\.)?\w+): (\S+) ", (ROOT / "pipeline.yaml").read_text(), re.M))
+    policy = Policy()
+    assert said == {"test.rows": str(policy.test_rows), "test.max_accuracy_drop": str(policy.max_accuracy_drop),
+                    "test.p95_ms": str(policy.p95_ms), "test.p50_factor": str(policy.p50_factor),
+                    "test.p50_overhead_ms": str(policy.p50_overhead_ms),
+                    "auto_promote": str(policy.auto_promote).lower()}

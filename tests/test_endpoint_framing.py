@@ -18,6 +18,7 @@ import pytest
 from fixtures_ml import add_serving_code, build_model, build_tokenizer
 
 from pipeline.local.endpoint import LocalEndpoint
+from pipeline.local.endpoint.framing import DRAIN_LIMIT
 from steps.contract import MAX_PAYLOAD_BYTES
 
 READ_TIMEOUT = 1.5  # the server's, small so that the slow cases end quickly
@@ -95,7 +96,7 @@ def assert_serves(port: int) -> None:
         (post("Transfer-Encoding: chunked\r\n", b"zz\r\n" + GOOD), 400, "ValidationError", "chunk size"),
         (post("Transfer-Encoding: chunked\r\n", b"4\r\n" + GOOD + b"\r\n0\r\n\r\n"), 400, "ValidationError",
          "longer than its size"),
-        (post("Transfer-Encoding: chunked\r\n", f"{MAX_PAYLOAD_BYTES + 1:x}\r\n".encode()), 413, "ValidationError",
+        (post("Transfer-Encoding: chunked\r\n", f"{DRAIN_LIMIT + 1:x}\r\n".encode()), 413, "ValidationError",
          "bytes limit"),
         (b"\x00\xff\xfeGARBAGE\r\n\r\n", 400, "ValidationError", "Bad request"),
         (b"GET /ping\r\n\r\n", 400, "ValidationError", "expected HTTP/1.x"),  # HTTP/0.9: no status line otherwise
@@ -141,7 +142,10 @@ def test_a_slow_body_is_a_408_after_the_read_timeout_while_others_are_served(por
             for byte in GOOD[5:-1]:
                 if stop.wait(READ_TIMEOUT / 4):
                     return
-                sock.sendall(bytes([byte]))
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:  # the server answered 408 and closed
+                    return
 
         dripping = threading.Thread(target=drip, daemon=True)
         if trickle:
@@ -149,6 +153,8 @@ def test_a_slow_body_is_a_408_after_the_read_timeout_while_others_are_served(por
         assert_serves(port)  # another client is not held up by this one
         status, headers, body = answer(sock)
         stop.set()
+        if trickle:
+            dripping.join()
         elapsed = time.monotonic() - started
         assert status == 408 and body["error"] == "RequestTimeout" and headers["connection"] == "close"
         assert body["message"] == f"the request body did not arrive within {READ_TIMEOUT:g} s"
@@ -168,12 +174,24 @@ def test_an_idle_connection_is_closed_cleanly_after_the_read_timeout(port):
     assert_serves(port)
 
 
-def test_an_oversized_body_is_read_away_and_the_connection_serves_the_next_request(port):
+def chunked(body: bytes, size: int = 1 << 20) -> bytes:
+    """`body` in chunks of `size` bytes, as a streaming client sends it."""
+    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_an_oversized_body_is_read_away_and_the_connection_serves_the_next_request(port, framing):
+    """The client is still sending when the body passes the limit: the body is read away so that the client gets
+    the 413 (not a reset while it writes), and the connection serves on."""
     big = b"x" * (MAX_PAYLOAD_BYTES + 1)
     with connect(port) as sock:
-        sock.sendall(post(f"Content-Length: {len(big)}\r\n", big))
+        if framing == "chunked":
+            sock.sendall(post("Transfer-Encoding: chunked\r\n", chunked(big)))
+        else:
+            sock.sendall(post(f"Content-Length: {len(big)}\r\n", big))
         status, headers, body = answer(sock)
-        assert status == 413 and "connection" not in headers
+        assert status == 413 and "connection" not in headers and "bytes limit" in body["message"]
         sock.sendall(post(f"Content-Length: {len(GOOD)}\r\n", GOOD))  # same connection, kept alive
         response = http.client.HTTPResponse(sock)
         response.begin()

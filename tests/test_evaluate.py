@@ -166,7 +166,7 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     assert result["tracking"] == {"run_id": "none", "experiment": "trainium-bert"}  # no MLflow environment: untracked
     metrics = result["binary_classification_metrics"]
     for name in ("accuracy", "precision", "recall", "f1", "auc", "true_positive_rate", "false_positive_rate"):
-        assert isinstance(metrics[name]["value"], float) and isinstance(metrics[name]["standard_deviation"], float)
+        assert isinstance(metrics[name]["value"], float) and metrics[name]["standard_deviation"] == "NaN"  # 40 rows
     assert result["dataset"] == {"rows": 40, "positives": int(labels.sum()), "predictions": "this step (cpu)"}
     assert metrics["accuracy"]["value"] == pytest.approx((tp + tn) / 40, abs=1e-12)
     precision, recall = tp / (tp + fp), (tp / (tp + fn) if tp + fn else 0.0)
@@ -391,6 +391,36 @@ def test_batch_size_does_not_change_predictions(model_dir: Path, tmp_path: Path)
         report.pop("seconds"), report["inference"].pop("p50_ms")
         assert all(candidate.pop("p50_ms") > 0 for candidate in report["inference"]["candidates"])
     assert a == b
+
+
+def test_under_200_rows_there_are_no_standard_deviations_as_in_model_monitor() -> None:
+    """Model Monitor gives standard deviations only from 200 samples (NaN below), and its binary report has the
+    F0.5 and F2 of the best constant classifier too."""
+    labels, margins = np.array([1, 0, 0, 1, 0, 0, 1]), np.array([1.0, -1.0, 0.5, 2.0, -0.5, -2.0, -0.1])
+    metrics = quality.binary_classification_metrics(labels, margins)
+    assert all(np.isnan(metrics[name]["standard_deviation"]) for name in ("accuracy", "f1", "auc"))
+    assert metrics["accuracy"]["value"] == pytest.approx(5 / 7)
+    share = 3 / 7
+    assert metrics["f0_5_best_constant_classifier"]["value"] == pytest.approx(1.25 * share / (0.25 * share + 1))
+    assert metrics["f2_best_constant_classifier"]["value"] == pytest.approx(5 * share / (4 * share + 1))
+    assert metrics["f1_best_constant_classifier"]["value"] == pytest.approx(2 * share / (share + 1))
+    many = quality.binary_classification_metrics(np.tile(labels, 40), np.tile(margins, 40))  # 280 rows
+    assert 0 < many["accuracy"]["standard_deviation"] < 0.1 and 0 < many["auc"]["standard_deviation"] < 0.1
+
+
+def test_a_curve_point_never_lies_inside_a_tie_of_margins() -> None:
+    """No threshold separates rows of equal margin: with every margin equal the ROC is the diagonal's end points,
+    whose area is the AUC (0.5), not a point inside the tie."""
+    labels = np.array([1, 0, 1, 0] * 50)
+    roc, pr = quality.curves(labels, np.zeros(200))
+    assert roc == {"false_positive_rates": [0.0, 1.0], "true_positive_rates": [0.0, 1.0]}
+    assert pr == {"precisions": [0.5], "recalls": [1.0]}
+    margins = np.repeat(np.arange(10.0, 0.0, -1.0), 20)  # ten tie groups of 20 rows
+    labels = (np.arange(200) % 3 == 0).astype(int)
+    roc, _ = quality.curves(labels, margins)
+    fpr, tpr = roc["false_positive_rates"], roc["true_positive_rates"]
+    area = sum((fpr[i + 1] - fpr[i]) * (tpr[i + 1] + tpr[i]) / 2 for i in range(len(fpr) - 1))
+    assert area == pytest.approx(quality.auc(labels, margins), abs=1e-6)
 
 
 def test_quality_standard_deviations_intervals_and_curves() -> None:

@@ -250,6 +250,36 @@ def test_long_texts_are_truncated_and_say_so(fp32, model_dir: Path) -> None:
     assert [a["score"] for a in answer] == pytest.approx([score for _, score in expected], abs=2e-4)
 
 
+def test_a_csv_review_longer_than_the_csv_modules_field_limit_is_truncated_as_json_is(fp32) -> None:
+    review = " ".join(TEXTS * 2000)  # over the csv module's default 131,072 characters a field
+    assert len(review) > 131_072
+    as_csv = json.loads(call(fp32, '"' + review + '"\n', "text/csv"))
+    assert as_csv == json.loads(call(fp32, json.dumps(review))) and as_csv[0]["truncated"] is True
+
+
+def test_the_hugging_face_toolkits_csv_reads_its_inputs_column(fp32, model_dir: Path) -> None:
+    """The default handler's CSV names an "inputs" column in its header: its values are the reviews, the header
+    none of them (read as a review, it would shift every answer by one)."""
+    want = labels(call(fp32, json.dumps(TEXTS[:3])))
+    assert labels(call(fp32, "inputs\n" + "\n".join(TEXTS[:3]) + "\n", "text/csv")) == want
+    quoted = "id,Inputs\r\n" + "".join(f'{i},"{t}"\r\n' for i, t in enumerate(TEXTS[:3]))
+    assert labels(call(fp32, quoted, "text/csv")) == want
+    with pytest.raises(h.InferenceError) as raised:
+        call(fp32, "id,inputs\n1,great, really\n", "text/csv")
+    assert (raised.value.status, raised.value.error) == (400, "MalformedCSV") and "quote it" in raised.value.detail
+    with pytest.raises(h.InferenceError, match="EmptyInput"):
+        call(fp32, "inputs\n", "text/csv")
+
+
+@pytest.mark.parametrize("accept", ["application/json; charset=utf-16", "application/jsonlines;charset=latin-1"])
+def test_an_accept_with_another_charset_than_utf8_is_refused(fp32, accept: str) -> None:
+    """The answer is UTF-8 and the container echoes Accept as its Content-Type: another charset would mislabel it."""
+    with pytest.raises(h.InferenceError) as raised:
+        call(fp32, json.dumps("great"), accept=accept)
+    assert (raised.value.status, raised.value.error) == (406, "UnsupportedAccept")
+    assert json.loads(call(fp32, json.dumps("great"), accept="application/json; charset=UTF-8"))[0]["label"]
+
+
 @pytest.mark.parametrize("cut_at", [50, 128, 200])
 def test_cutting_long_texts_never_changes_their_tokens(variants: dict, cut_at: int) -> None:
     fp32 = variants["torch/none"]

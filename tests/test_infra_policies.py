@@ -204,6 +204,16 @@ def test_deploy_lambda_role_grants_exactly_what_its_code_calls():
     assert scaling["Condition"]["StringEquals"]["application-autoscaling:service-namespace"] == "sagemaker"
 
 
+def test_target_tracking_alarms_are_allowed_under_the_endpoint_names_own_case():
+    """Application Auto Scaling names them TargetTracking-<ResourceId>-AlarmHigh-<uuid>, with the ResourceId as
+    registered (endpoint/<EndpointName>/variant/AllTraffic); only SageMaker's own ARNs are lowercased."""
+    printed = policies(cfg(**{"deploy.endpoint_name": "Trainium-Bert"}))["deploy-lambda-role"]
+    alarm = (f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:TargetTracking-endpoint/Trainium-Bert/variant/AllTraffic-"
+             "AlarmHigh-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
+    assert _allowed(printed, "cloudwatch:PutMetricAlarm", alarm)
+    assert not _allowed(printed, "cloudwatch:PutMetricAlarm", alarm.replace("Trainium-Bert", "someone-elses"))
+
+
 def test_deploy_lambda_reads_the_sample_and_writes_its_markers_through_the_kms_key():
     (policy,) = [r for r in rendered(kms=True).values() if r["Type"] == "AWS::IAM::Policy"
                  and r["Properties"]["PolicyName"] == "deploy-lambda-kms"]

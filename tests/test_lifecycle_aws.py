@@ -310,7 +310,7 @@ def test_rejection_rolls_back_and_says_when_there_is_nothing_to_roll_back_to(wor
     promoted_twice(world)
     update = world.sm.updates[-1]
     assert update["EndpointName"] == PRODUCTION and update["RetainAllVariantProperties"] is True
-    assert update["ExcludeRetainedVariantProperties"] == [{"VariantPropertyType": "DataCaptureConfig"}]
+    assert "ExcludeRetainedVariantProperties" not in update  # DataCaptureConfig there: "(Not currently supported.)"
     world.alerts()
 
     result = world.handle(world.approve(2, "Rejected"))

@@ -123,6 +123,9 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     assert version.environment["INFERENCE_RUNTIME"] == report["inference"]["runtime"]
     assert version.model_data.endswith("/serving/model.tar.gz")  # Evaluate's serving artifact
     assert version.environment["INFERENCE_MAX_TEXTS"] == "256"
+    spec = version.describe()["InferenceSpecification"]  # as the definition's RegisterModel step gave them
+    assert spec["SupportedContentTypes"] == ["application/json", "text/csv", "text/plain"]
+    assert spec["SupportedResponseMIMETypes"] == ["application/json", "application/jsonlines"]
 
     # The Deploy step: staging, the endpoint test on Evaluate's labelled sample, then (auto-promote) production.
     metadata = account.registry.get("trainium-bert", 1).customer_metadata

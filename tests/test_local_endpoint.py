@@ -197,6 +197,30 @@ def test_unknown_paths_and_oversized_bodies(endpoint: LocalEndpoint):
     connection.close()
 
 
+def test_each_route_answers_its_methods_and_names_them_when_refusing(endpoint: LocalEndpoint):
+    """HEAD is GET without a body (RFC 9110, 9.3.2); a 405 names the route's methods in Allow (15.5.6)."""
+    connection = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=30)
+    try:
+        connection.request("HEAD", "/ping")
+        answer = connection.getresponse()
+        assert answer.status == 200 and answer.read() == b"" and int(answer.getheader("Content-Length")) > 0
+        for method, path, allow in (("GET", "/invocations", "POST"), ("HEAD", "/invocations", "POST"),
+                                    ("POST", "/ping", "GET, HEAD"), ("DELETE", "/ping", "GET, HEAD"),
+                                    ("PUT", f"/endpoints/{endpoint.name}/invocations", "POST"),
+                                    ("OPTIONS", "/invocations", "POST")):
+            connection.request(method, path, body=b"{}" if method in ("POST", "PUT") else None)
+            answer = connection.getresponse()
+            body = answer.read()
+            assert (answer.status, answer.getheader("Allow")) == (405, allow), (method, path, body)
+            assert method == "HEAD" or json.loads(body)["error"] == "MethodNotAllowed"
+            connection.close()
+        connection.request("DELETE", "/nothing")
+        assert connection.getresponse().status == 404
+    finally:
+        connection.close()
+    assert request(f"{endpoint.url}/ping")[0] == 200
+
+
 def test_handler_contract(contract: LocalEndpoint):
     def call(body: bytes, headers: dict[str, str]) -> tuple[int, dict, bytes]:
         return request(f"{contract.url}/invocations", body, headers)

@@ -95,8 +95,9 @@ def test_describe_has_the_shape_of_describe_model_package(registry: Registry, ar
     evaluation.write_text(json.dumps(EVALUATION))
     version = registry.register(
         "bert", artifact, approval_status=PENDING, metrics=evaluation, customer_metadata={"epochs": 3},
-        image="huggingface-pytorch-inference:cpu", content_types=["application/json"],
-        inference_instances=["ml.m5.large"], description="first", environment={"INFERENCE_QUANTIZE": "int8"},
+        image="huggingface-pytorch-inference:cpu", content_types=["application/json", "text/csv"],
+        response_types=["application/jsonlines"], inference_instances=["ml.m5.large"], description="first",
+        environment={"INFERENCE_QUANTIZE": "int8"},
     )
     assert version.accuracy == 0.91
     assert version.metrics == EVALUATION
@@ -112,7 +113,8 @@ def test_describe_has_the_shape_of_describe_model_package(registry: Registry, ar
     assert answer["InferenceSpecification"]["Containers"] == [
         {"Image": "huggingface-pytorch-inference:cpu", "ModelDataUrl": str(artifact.resolve()),
          "Environment": {"INFERENCE_QUANTIZE": "int8"}}]
-    assert answer["InferenceSpecification"]["SupportedContentTypes"] == ["application/json"]
+    assert answer["InferenceSpecification"]["SupportedContentTypes"] == ["application/json", "text/csv"]
+    assert answer["InferenceSpecification"]["SupportedResponseMIMETypes"] == ["application/jsonlines"]
     assert answer["InferenceSpecification"]["SupportedRealtimeInferenceInstanceTypes"] == ["ml.m5.large"]
     assert answer["CustomerMetadataProperties"] == {"epochs": "3"}
     assert answer["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"] == str(evaluation.resolve())
@@ -143,14 +145,34 @@ def test_two_processes_register_at_once(registry: Registry, artifact: Path):
     assert len(registry.list("bert", status=APPROVED)) == 10
 
 
-def test_a_registry_made_before_environments_gains_the_column(tmp_path: Path):
+def test_a_registry_made_before_environments_and_response_types_gains_the_columns(tmp_path: Path):
     import sqlite3
 
     path = tmp_path / "old.sqlite"
     Registry(path).register("bert", "s3://b/m.tar.gz", approval_status=PENDING)
     with sqlite3.connect(path) as db:
         db.execute("ALTER TABLE model_packages DROP COLUMN environment")
+        db.execute("ALTER TABLE model_packages DROP COLUMN response_types")
     reopened = Registry(path)
-    assert reopened.get("bert", 1).environment == {}
-    again = reopened.register("bert", "s3://b/m.tar.gz", approval_status=PENDING, environment={"A": "1"})
-    assert again.environment == {"A": "1"}
+    assert reopened.get("bert", 1).environment == {} and reopened.get("bert", 1).response_types == ()
+    again = reopened.register("bert", "s3://b/m.tar.gz", approval_status=PENDING, environment={"A": "1"},
+                              response_types=["application/json"])
+    assert again.environment == {"A": "1"} and again.response_types == ("application/json",)
+
+
+@pytest.mark.parametrize(("metadata", "message"), [
+    ({f"k{i}": "v" for i in range(51)}, "entries, at most 50"),
+    ({"source": "x" * 257}, "must have 1 to 256 characters"),
+    ({"source": ""}, "must have 1 to 256 characters"),
+    ({"k" * 129: "v"}, "must have 1 to 128 characters"),
+    ({"path": "~/data#1"}, "characters of letters, digits, spaces and _"),
+])
+def test_customer_metadata_keeps_to_what_create_model_package_takes(registry: Registry, artifact: Path, metadata,
+                                                                     message):
+    """CreateModelPackage refuses these (botocore's CustomerMetadataMap): a local run must not pass them."""
+    with pytest.raises(ValueError, match=message):
+        registry.register("g", artifact, approval_status=PENDING, customer_metadata=metadata)
+    version = registry.register("g", artifact, approval_status=PENDING, customer_metadata={"a": "1"})
+    with pytest.raises(ValueError, match=message):
+        registry.update_metadata("g", version.version, metadata)  # UpdateModelPackage: the merged map
+    assert registry.get("g", version.version).customer_metadata == {"a": "1"}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.dag.expressions import ExpressionError
 from pipeline.dag.selection import SelectionError, Source, check_retry, select
 from pipeline.local import runner as local_runner
 from pipeline.local.execution import Execution
@@ -212,19 +213,29 @@ def test_a_cache_entry_older_than_expire_after_is_a_miss(root):
 
 
 @pytest.mark.parametrize(("text", "days"), [("P30D", 30), ("PT12H", 0.5), ("P1Y2M", 425), ("P2W", 14),
-                                           ("P1DT30M", 1 + 1 / 48), ("pt16m", 16 / 1440)])
+                                           ("P1DT30M", 1 + 1 / 48), ("pt16m", 16 / 1440),
+                                           # the developer guide's own examples (pipelines-caching-enabling)
+                                           ("30d", 30), ("5y", 5 * 365), ("T16m", 16 / 1440), ("30dT5h", 30 + 5 / 24)])
 def test_expire_after_reads_iso_8601_durations(text, days):
-    from pipeline.local.cache import expire_after
+    from pipeline.dag.durations import expire_after
 
     assert expire_after(text).total_seconds() == pytest.approx(days * 86400)
 
 
-@pytest.mark.parametrize("text", ["30d", "P", "PT", "P1H", "P1DT"])
+@pytest.mark.parametrize("text", ["", "P", "PT", "T", "P1H", "P1DT", "30 days", "1.5D"])
 def test_an_expire_after_that_is_not_a_duration_is_an_error(text):
-    from pipeline.local.cache import expire_after
+    from pipeline.dag.durations import expire_after
 
     with pytest.raises(ValueError, match="ISO 8601"):
         expire_after(text)
+
+
+def test_a_definition_with_a_bad_expire_after_fails_before_any_step_runs(root):
+    dag = definition(root / "runs.txt")
+    dag["Steps"][1]["CacheConfig"] = {"Enabled": True, "ExpireAfter": "30 days"}
+    with pytest.raises(ExpressionError, match="step B: CacheConfig.ExpireAfter '30 days': expected an ISO 8601"):
+        LocalRunner(dag, "demo", root).run({})
+    assert not (root / "runs.txt").exists()
 
 
 def test_a_job_step_names_its_own_job(root):
@@ -419,3 +430,28 @@ def test_a_failed_training_job_gives_the_failure_file_as_its_reason(tmp_path):
     reason = str(failed.value)
     assert reason.startswith("AlgorithmError: ") and "learning rate must be positive, got -1.0" in reason
     assert len(reason) <= len("AlgorithmError: ") + 1024
+
+
+def with_steps(root: Path, *steps: dict) -> dict:
+    dag = definition(root / "runs.txt")
+    dag["Steps"] += json.loads(json.dumps(list(steps)).replace('"RUNS"', json.dumps(str(root / "runs.txt"))))
+    return dag
+
+
+def test_a_fail_step_ends_the_execution_and_only_the_steps_beside_it_finish(root):
+    """SageMaker: the steps running when a FailStep fires complete, no other starts. X (no upstream step) runs
+    beside it; Y waits on X, so it would only have started after the FailStep ended the execution."""
+    dag = with_steps(root, processing("X"), {**processing("Y"), "DependsOn": ["X"]}, processing("D", output_of("C")),
+                     processing("E", output_of("D")))
+    execution = LocalRunner(dag, "demo", root).run({"Threshold": 0.9})  # B scores 0.7: the gate fails
+    steps = {name: (record.status, record.reason) for name, record in execution.steps.items()}
+    assert execution.status == "Failed" and steps["TooLow"] == ("Failed", "score below 0.9")
+    assert steps["X"][0] == "Succeeded" and steps["Y"] == ("NotStarted", "the FailStep TooLow ended the execution")
+    assert steps["D"] == steps["E"] == ("Skipped", "an upstream step was skipped")  # after the branch not taken
+    assert runs(root) == ["A", "B", "X"]
+
+
+def test_no_step_may_depend_on_a_fail_step(root):
+    dag = with_steps(root, {**processing("Z"), "DependsOn": ["TooLow"]})
+    with pytest.raises(ExpressionError, match="step Z: depends on the FailStep TooLow; SageMaker lets no step"):
+        LocalRunner(dag, "demo", root).run({})

@@ -182,8 +182,12 @@ def test_csv_bad_rows_are_dropped_and_counted(tok_dir: Path, tmp_path: Path) -> 
     train = stats["input"]["train"]
     assert train["dropped"] == drops(malformed_row=1, invalid_label=4, missing_content=1, empty_text=2)
     assert train["rows_in"] == 28 and train["rows_out"] == 20 and train["dropped_total"] == 8
+    part1, part2 = tmp_path / "in" / "train" / "part1.csv", tmp_path / "in" / "train" / "part2.csv"
     assert train["notes"] == {
-        "malformed_row": f"{tmp_path / 'in' / 'train' / 'part2.csv'} line 15: wrong number of fields (3 in the header)"}
+        "malformed_row": f"{part2} line 15: wrong number of fields (3 in the header)",
+        "invalid_label": f"{part1} row 11 of a chunk: label '2' is not 0/1, negative/positive or false/true",
+        "missing_content": f"{part2} row 11 of a chunk: no content (the column is empty)",
+        "empty_text": f"{part2} row 12 of a chunk: neither a title nor content"}
     assert stats["output"]["train"]["rows"] + stats["output"]["validation"]["rows"] == 20
     test = stats["input"]["test"]
     assert test["rows_out"] == 6 and test["dropped_total"] == 0  # a title alone is enough text
@@ -477,3 +481,52 @@ def test_real_dump_shapes_parse_row_for_row(tmp_path: Path, monkeypatch: pytest.
         table = pa.concat_tables(t for t, _ in got if t is not None)
         want = [tuple(v.replace("\r\n", "\n") for v in row) for row in rows] if name == "b.csv.gz" else rows
         assert list(zip(*(table[c].to_pylist() for c in ("label", "title", "content")), strict=True)) == want, name
+
+
+def test_real_layouts_read_as_their_formats_say(tok_dir: Path, tmp_path: Path) -> None:
+    """A DatasetDict saved under a folder whose name has a split word, a first title that is a column word in the
+    release's CSV, a gzip whose extension is upper case, a JSON Lines file whose first line is not an object."""
+    import gzip
+
+    import datasets
+
+    features = datasets.Features({"label": datasets.ClassLabel(names=["negative", "positive"]),
+                                  "title": datasets.Value("string"), "content": datasets.Value("string")})
+    saved = datasets.DatasetDict({split: datasets.Dataset.from_list(good_rows(n), features=features)
+                                  for split, n in (("train", 6), ("test", 4))})
+    saved.save_to_disk(str(tmp_path / "dict" / "polarity_training_data"))
+    stats = run(tok_dir, tmp_path / "dict", tmp_path / "out-dict")
+    assert (stats["input"]["train"]["rows_out"], stats["input"]["test"]["rows_out"]) == (6, 4)
+
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "train.csv").write_text('"2","Review","Loved it"\n"1","Bad","Hated it"\n')
+    with gzip.open(release / "TEST.CSV.GZ", "wt") as packed:
+        packed.write('"2","Title","Great"\n"1","Text","Awful"\n')
+    stats = run(tok_dir, release, tmp_path / "out-release", "--validation-share", "0")
+    assert stats["input"]["train"]["rows_out"] == 2 and stats["input"]["test"]["rows_out"] == 2
+    assert read(tmp_path / "out-release", "test")["title"].to_pylist() == ["Title", "Text"]
+
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    rows = [json.dumps(row) for row in good_rows(4)]
+    (lines / "train.jsonl").write_text("\n".join(['["not", "an", "object"]', *rows]) + "\n")
+    (lines / "test.json").write_text("\n".join(rows) + "\n")  # JSON Lines named .json, as datasets' to_json writes
+    stats = run(tok_dir, lines, tmp_path / "out-lines", "--max-bad-share", "0.5", "--validation-share", "0")
+    assert stats["input"]["train"]["dropped"] == drops(malformed_row=1) and stats["input"]["train"]["rows_out"] == 4
+    assert stats["input"]["test"]["rows_out"] == 4
+
+
+def test_a_split_with_no_valid_row_says_why_and_where(tok_dir: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    folder = tmp_path / "in"
+    write_csv(folder / "train.csv", ["pos,Great,Loved it", "neg,Bad,Hated it"])
+    write_csv(folder / "test.csv", ["1,Great,Loved it"])
+    argv = ["--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out")]
+    assert pre.main(argv) == 1
+    assert (f"train: no valid rows (of 2: invalid_label=2); {folder / 'train.csv'} row 1 of a chunk: label 'pos' is "
+            "not 0/1, negative/positive or false/true") in capsys.readouterr().err
+    argv[1] = str(folder / "train.csv")
+    assert pre.main(argv) == 1
+    assert f"input folder {folder / 'train.csv'} is a file: give the folder that holds it ({folder})" in \
+        capsys.readouterr().err

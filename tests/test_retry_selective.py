@@ -136,6 +136,9 @@ def test_a_retry_is_refused_unless_failed_and_when_the_definition_changed():
         check_retry("e1", "Succeeded", DEFINITION, DEFINITION, [])
     with pytest.raises(SelectionError, match="e1 is Executing: it is still running"):
         check_retry("e1", "Executing", DEFINITION, DEFINITION, [])
+    with pytest.raises(SelectionError, match="e1 ended in its FailStep AccuracyTooLow, which a retry would only "
+                                             "reach again"):
+        check_retry("e1", "Failed", DEFINITION, DEFINITION, ["AccuracyTooLow"])
     changed = json.loads(json.dumps(DEFINITION).replace('"4000"', '"12"'))  # Evaluate's --sample-size
     with pytest.raises(SelectionError) as refused:
         check_retry("e1", "Failed", DEFINITION, changed, ["Train"])

@@ -45,13 +45,13 @@ def log_two_steps(environ: dict[str, str]) -> tuple[str | None, str | None]:
     return train.run_id, evaluate.run_id
 
 
-def check_run(uri: str, run_id: str) -> None:
+def check_run(uri: str, run_id: str, execution: str = "exec-1") -> None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.info.run_name == "exec-1"
-    assert run.data.tags[contract.EXECUTION_TAG] == "exec-1" and run.data.tags["serving.int8"] == "true"
+    assert run.info.status == "FINISHED" and run.info.run_name == execution
+    assert run.data.tags[contract.EXECUTION_TAG] == execution and run.data.tags["serving.int8"] == "true"
     assert run.data.params == {"learning_rate": "5e-05"}
     assert run.data.metrics == {"samples_per_sec": 123.5, "eval_accuracy": 0.91, "train_loss": 0.41}
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(10, 0.69), (20, 0.41)]
@@ -275,6 +275,76 @@ def test_a_server_that_does_not_answer_costs_one_timeout_and_one_warning(capsys)
     assert len(hole.accepted) == 2  # one request per step, none after its first failure
     warnings = capsys.readouterr().err.strip().splitlines()
     assert len(warnings) == 2 and all("experiment tracking off" in w and "timed out" in w for w in warnings)
+
+
+class Faults:
+    """MLflow's server app with answers put before it: path (after /api/2.0/mlflow/) -> [(status, body), ...]."""
+
+    def __init__(self, app) -> None:
+        self.app, self.planned = app, {}
+
+    def __call__(self, environ, start_response):
+        queue = self.planned.get(environ["PATH_INFO"].split("/api/2.0/mlflow/")[-1])
+        if queue:
+            status, body = queue.pop(0)
+            start_response(status, [("Content-Type", "text/html"), ("Content-Length", str(len(body)))])
+            return [body]
+        return self.app(environ, start_response)
+
+
+@pytest.fixture(scope="module")
+def faulty(mlflow_server):
+    from mlflow.server import app
+    from werkzeug.serving import make_server
+
+    faults = Faults(app)
+    server = make_server("127.0.0.1", 0, faults, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield faults, f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_a_busy_server_is_asked_again_as_mlflow_s_client_does(faulty, capsys):
+    faults, url = faulty
+    faults.planned["runs/log-batch"] = [("503 Service Unavailable", b"try again"), ("429 Too Many Requests", b"")]
+    train, evaluate = log_two_steps(env(url, "busy"))
+    check_run(url, train, "busy")
+    assert "tracking off" not in capsys.readouterr().err and faults.planned["runs/log-batch"] == []
+
+
+def test_a_run_whose_logging_failed_is_still_ended(faulty, capsys):
+    from mlflow.tracking import MlflowClient
+
+    faults, url = faulty
+    train = tracking.Tracker("Train", env(url, "refused-batch"))
+    train.log(metrics={"a": 1.0})
+    faults.planned["runs/log-batch"] = [("400 Bad Request", b'{"error_code": "INVALID_PARAMETER_VALUE"}')]
+    evaluate = tracking.Tracker("Evaluate", env(url, "refused-batch"))
+    evaluate.log(metrics={"b": 2.0})
+    evaluate.finish()
+    assert MlflowClient(url).get_run(train.run_id).info.status == "FINISHED"  # not left RUNNING
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if "tracking off" in line]
+    assert "tracking off for step Evaluate: HTTPError: HTTP Error 400: Bad Request" in warning
+
+
+def test_an_answer_that_is_not_json_or_not_mlflow_s_is_the_reason_said(faulty, capsys):
+    from types import SimpleNamespace
+
+    from steps.deploy import handler
+    from steps.deploy.sagemaker_account import Settings
+
+    faults, url = faulty
+    faults.planned["experiments/get-by-name"] = [("200 OK", b"<html><body>Please sign in</body></html>")]
+    tracking.Tracker("Train", env(url)).log(metrics={"a": 1.0})
+    warning = capsys.readouterr().err
+    assert "is not JSON: b'<html><body>Please sign in</body></html>'" in warning, warning
+    settings = Settings.from_env({"MODEL_PACKAGE_GROUP": "g", "ENDPOINT_NAME": "e", contract.EXPERIMENT_ENV: "bert",
+                                  contract.TRACKING_URI_ENV: url + "/wrong-prefix"})  # a 404 page, not MLflow's own
+    event = {"detail-type": handler.EXECUTION_EVENT, "id": "e1", "detail": {
+        "pipelineExecutionArn": "arn:aws:sagemaker:us-east-1:123456789012:pipeline/p/execution/e1",
+        "currentPipelineExecutionStatus": "Failed"}}
+    reason = handler.handle(event, SimpleNamespace(settings=settings))["reason"]
+    assert reason.startswith("could not ask MLflow for the run of execution e1: HTTPError: HTTP Error 404"), reason
 
 
 def test_a_closed_port_is_one_warning_and_the_step_goes_on(capsys):

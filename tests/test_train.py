@@ -58,8 +58,8 @@ def workspace(tmp_path_factory) -> Path:
     return root
 
 
-def torchrun(workspace: Path, out: Path, **popen) -> subprocess.Popen:
-    """Start a 2-process CPU training run writing into `out`."""
+def torchrun(workspace: Path, out: Path, extra: tuple[str, ...] = (), **popen) -> subprocess.Popen:
+    """Start a 2-process CPU training run writing into `out` (`extra`: arguments that override the usual ones)."""
     cmd = [
         sys.executable,
         "-m",
@@ -85,6 +85,7 @@ def torchrun(workspace: Path, out: Path, **popen) -> subprocess.Popen:
         *HYPERPARAMETERS,
         "--some-future-key",
         "1",
+        *extra,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
@@ -407,3 +408,58 @@ def test_a_gloo_rank_ends_at_once_without_finalizing_the_interpreter(tmp_path, c
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
     assert done.returncode == code, done.stderr
     assert done.stdout == "ending", done.stdout
+
+
+def test_a_sigterm_far_from_the_next_read_out_still_checkpoints(workspace):
+    """torchrun SIGKILLs its workers 30 s after forwarding a SIGTERM (the local runner sooner): with the next log
+    read-out far away, the ranks agree on the stop between read-outs, checkpoint and exit 143."""
+    out = workspace / "far-read-out"
+    extra = ("--epochs", "1000", "--log-interval", "100000", "--checkpoint-interval", "0", "--checkpoint-minutes", "0")
+    proc = torchrun(workspace, out, extra, start_new_session=True)
+    lines = []
+    for line in proc.stdout:  # until the loop runs
+        lines.append(line)
+        if "steps_per_epoch=" in line:
+            break
+    time.sleep(2.0)
+    assert proc.poll() is None, "".join(lines)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    log = "".join(lines) + finish(proc, timeout=60)
+    assert time.monotonic() - signalled < 25, log
+    assert re.search(r"stopping on SIGTERM at step=\d+", log) and "saved checkpoint" in log, log
+    assert list((out / "checkpoints").glob("slot-*/COMPLETE")), log
+
+
+def test_an_empty_split_is_no_split_and_bad_labels_name_their_folder(workspace, tmp_path):
+    """Tokenize writes one empty file for an empty split: its accuracy is unknown (None), not NaN. Labels other
+    than 0/1 stop the run with the folder named, not an IndexError deep in the loss."""
+    import pyarrow.parquet as pq
+
+    train = load_train_module()
+    source = next((workspace / "data" / "validation").glob("*.parquet"))
+    table = pq.read_table(source)
+    (tmp_path / "empty").mkdir()
+    pq.write_table(table.slice(0, 0), tmp_path / "empty" / "part-0.parquet")
+    assert train.load_split(str(tmp_path / "empty"), 64) is None
+    assert train.load_split(str(tmp_path / "absent"), 64) is None
+    (tmp_path / "bad").mkdir()
+    labels = table.column("label").to_numpy().copy()
+    labels[3] = 2
+    pq.write_table(table.set_column(table.column_names.index("label"), "label",
+                                    pa_array(labels, table.schema.field("label").type)), tmp_path / "bad" / "p.parquet")
+    with pytest.raises(ValueError, match=r"bad: labels \[2\]: expected 0 \(negative\) or 1"):
+        train.TokenizedSplit(str(tmp_path / "bad"), 64)
+
+
+@pytest.mark.parametrize("argument", ["--epochs", "--batch-size", "--grad-accum", "--log-interval"])
+def test_counts_below_one_are_refused(argument, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        load_train_module().parse_args([argument, "0"])
+    assert stopped.value.code == 2 and f"{argument} 0: expected a whole number >= 1" in capsys.readouterr().err
+
+
+def pa_array(values, kind):
+    import pyarrow as pa
+
+    return pa.array(values, type=kind)

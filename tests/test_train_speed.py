@@ -49,6 +49,7 @@ def test_steady_state_rate_and_warmup_are_reported_apart(train, monkeypatch):
             throughput.add(16, tokens)
         clock.now += seconds
         throughput.interval()
+    clock.now += 100.0  # scoring the splits after the loop: not the loop's time
     stats = throughput.stats()
     assert stats["samples"] == 960 and stats["steady_state_samples"] == 640
     assert stats["samples_per_sec"] == pytest.approx(320.0)
@@ -59,7 +60,8 @@ def test_steady_state_rate_and_warmup_are_reported_apart(train, monkeypatch):
     assert stats["model_tflops_per_sec"] == pytest.approx(320.0 * per_sample / 1e12)
 
 
-def test_one_interval_gives_its_rate_and_no_warmup_figure(train, monkeypatch):
+def test_one_interval_has_no_steady_state_rate_only_its_rate_with_warmup(train, monkeypatch):
+    """A run of one log interval never left its warm-up: its rate is not a steady state (nor its FLOP rate)."""
     from transformers import BertConfig
 
     clock = Clock()
@@ -69,7 +71,8 @@ def test_one_interval_gives_its_rate_and_no_warmup_figure(train, monkeypatch):
     clock.now += 2.0
     throughput.interval()
     stats = throughput.stats()
-    assert stats["samples_per_sec"] == pytest.approx(4.0) and stats["warmup_s"] is None
+    assert stats["samples_per_sec"] is None and stats["warmup_s"] is None and stats["model_tflops_per_sec"] is None
+    assert stats["samples_per_sec_with_warmup"] == pytest.approx(4.0) and stats["steady_state_samples"] == 0
 
 
 def test_unpadded_batch_without_a_mask_gives_the_same_logits(train, tmp_path):

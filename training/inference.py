@@ -4,7 +4,8 @@
 Requests: application/json {"inputs": "text" | [text, ...]} (the Hugging Face convention; "parameters" is accepted
 and ignored) or a bare string or list, where a text is a string or a {"text": title, "text_pair": content} pair
 (encoded as the Tokenize step encodes training rows: a blank title leaves the content alone; a pair alone is one
-input); text/csv, one review per line (RFC 4180 quoting); text/plain, one review. Responses (Accept):
+input); text/csv, one review per line (RFC 4180 quoting), or the Hugging Face toolkit's CSV (a header naming an
+"inputs" column, whose values are the reviews); text/plain, one review. Responses (Accept, UTF-8):
 application/json (default), a list of ``{"label": "positive"|"negative", "score"}`` in input order, or
 application/jsonlines (when it is the only type the Accept header names). A text over the maximum length is
 truncated and says ``"truncated": true``. Bad input raises ``InferenceError``: message the JSON ``{"error": CODE,
@@ -40,6 +41,7 @@ import numpy as np
 
 LOG = logging.getLogger(__name__)
 MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time inference's request limit
+csv.field_size_limit(max(csv.field_size_limit(), MAX_PAYLOAD_BYTES))  # a review may be a whole body (then truncated)
 VARIANT_ATTRIBUTE = "inference-variant"  # in an answer's CustomAttributes: the variant that served it
 LABELS = ("negative", "positive")
 JSON, JSONLINES, CSV, TEXT = "application/json", "application/jsonlines", "text/csv", "text/plain"
@@ -363,11 +365,19 @@ def _pair(title: str, content: str) -> Text:
 
 
 def _texts_from_csv(body: str) -> list[str]:
+    """One review per record; with the Hugging Face toolkit's header (a field "inputs"), that column's values."""
     try:
-        rows = list(csv.reader(io.StringIO(body, newline=""), strict=True))  # an unmatched quote is an error
-    except csv.Error as e:
+        rows = [row for row in csv.reader(io.StringIO(body, newline=""), strict=True) if row]
+    except csv.Error as e:  # an unmatched quote
         raise InferenceError(400, "MalformedCSV", f"the body is not valid CSV: {e}") from None
-    return [",".join(row) for row in rows if row]  # unquoted commas split a review: join it back
+    header = [name.strip().lower() for name in rows[0]] if rows else []
+    if "inputs" in header and len(header) > 1:
+        if any(len(row) != len(header) for row in rows[1:]):
+            raise InferenceError(400, "MalformedCSV", f"every row needs the header's {len(header)} fields (an "
+                                 "unquoted comma splits a review: quote it)")
+        return [row[header.index("inputs")] for row in rows[1:]]
+    rows = rows[1:] if header == ["inputs"] else rows
+    return [",".join(row) for row in rows]  # unquoted commas split a review: join it back
 
 
 def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Text]:
@@ -411,9 +421,10 @@ def predict_fn(data: list[Text], model: Classifier, context: Any = None) -> list
 def output_fn(prediction: list[dict[str, Any]], accept: str) -> str:
     """Serialise as a JSON list, or JSON Lines when the Accept header is a JSON Lines type alone (the container
     sends the Accept header back as the response's Content-Type, so a list or a wildcard answers JSON)."""
-    offered = [_media_type(part)[0] for part in (accept or JSON).split(",")]
+    offered = [_media_type(part) for part in (accept or JSON).split(",")]
+    offered = [kind for kind, charset in offered if charset in (None, "utf-8", "utf8")]  # the answer is UTF-8
     if len(offered) == 1 and offered[0] in JSONLINES_TYPES:
         return "".join(json.dumps(p) + "\n" for p in prediction)
     if any(kind in (JSON, "*/*", "application/*", "", *JSONLINES_TYPES) for kind in offered):
         return json.dumps(prediction)
-    raise InferenceError(406, "UnsupportedAccept", f"accept {accept!r}: use {JSON} or {JSONLINES}")
+    raise InferenceError(406, "UnsupportedAccept", f"accept {accept!r}: use {JSON} or {JSONLINES} (UTF-8)")

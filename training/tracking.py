@@ -45,6 +45,10 @@ SERVER_ACTIONS = ("GetExperimentByName", "CreateExperiment", "SearchRuns", "Crea
 END_RUN_ACTIONS = ("GetExperimentByName", "SearchRuns", "UpdateRun")
 DEFAULT_EXPERIMENT = "trainium-bert"
 DEFAULT_TIMEOUT_S = 5.0
+# answers MLflow's own client retries (mlflow.utils.request_utils: rate limits, a busy or restarting server); only
+# these are retried, so a server that does not answer still costs one timeout
+TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
+RETRIES, RETRY_WAIT_S = 2, 0.5  # waits 0.5 s, then 1 s
 # Where a SageMaker job finds its own name: training jobs in the environment, processing jobs in this file.
 TRAINING_JOB_ENV = "TRAINING_JOB_NAME"
 PROCESSING_JOB_CONFIG = "/opt/ml/config/processingjobconfig.json"
@@ -103,16 +107,25 @@ class RestStore:
     def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
         url = self.base + path + (f"?{urllib.parse.urlencode(query, quote_via=urllib.parse.quote)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
-        headers = {**self.headers, "Content-Type": "application/json"}
-        if self.region:
-            headers = self._signed(method, url, data, headers)
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        for attempt in range(RETRIES + 1):
+            headers = {**self.headers, "Content-Type": "application/json"}
+            if self.region:
+                headers = self._signed(method, url, data, headers)
+            request = urllib.request.Request(url, data=data, method=method, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    status, answer = response.status, response.read()
+                break
+            except urllib.error.HTTPError as e:  # the server's reason (MLflow's JSON error) into the one warning
+                if e.code in TRANSIENT_STATUS and attempt < RETRIES:
+                    time.sleep(RETRY_WAIT_S * 2**attempt)
+                    continue
+                e.msg = f"{e.msg}: {e.read()[:300].decode(errors='replace')}"
+                raise
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as e:  # the server's reason (MLflow's JSON error) into the one warning
-            e.msg = f"{e.msg}: {e.read()[:300].decode(errors='replace')}"
-            raise
+            return json.loads(answer or b"{}")
+        except ValueError:  # a proxy's or sign-in page, say: its first bytes are the reason
+            raise ValueError(f"HTTP {status} from {url} is not JSON: {answer[:200]!r}") from None
 
     def _signed(self, method: str, url: str, data: bytes | None, headers: dict) -> dict:
         import botocore.session
@@ -128,8 +141,8 @@ class RestStore:
         try:
             return self._call("GET", "experiments/get-by-name", query={"experiment_name": name})["experiment"][
                 "experiment_id"]
-        except urllib.error.HTTPError as e:
-            if e.code != 404:
+        except urllib.error.HTTPError as e:  # only MLflow's own "no such experiment", not a 404 of a wrong path
+            if e.code != 404 or "RESOURCE_DOES_NOT_EXIST" not in e.msg:
                 raise
         if not create:
             return None
@@ -247,11 +260,12 @@ def execution_id(env: dict[str, str] | os._Environ, processing_config: str = PRO
 
 
 class Tracker:
-    """This step's view of its execution's run; every method is a no-op once tracking is off."""
+    """This step's view of its execution's run. Once a request fails, tracking is off for the step (`off_reason`):
+    logging stops, but finish() and fail() still try to end a run it has, so that none stays RUNNING."""
 
     def __init__(self, step: str, environ: dict[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
-        self.step, self.run_id, self.store = step, None, None
+        self.step, self.run_id, self.store, self.off_reason = step, None, None, None
         self.uri = env.get(TRACKING_URI_ENV, "")
         self.experiment = env.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
         self.execution = execution_id(env) if self.uri else ""
@@ -266,12 +280,13 @@ class Tracker:
 
     @property
     def enabled(self) -> bool:
-        return self.store is not None
+        return self.store is not None and self.off_reason is None
 
     def _off(self, why: str) -> None:
-        self.store = None
-        print(f"warning: experiment tracking off for step {self.step}: {why}; the step's files keep its metrics",
-              file=sys.stderr, flush=True)
+        if self.off_reason is None:  # one warning per step
+            print(f"warning: experiment tracking off for step {self.step}: {why}; the step's files keep its "
+                  "metrics", file=sys.stderr, flush=True)
+        self.off_reason = why
 
     def _run(self) -> str:
         if self.run_id is None:
@@ -295,8 +310,8 @@ class Tracker:
             self._off(f"{type(e).__name__}: {str(e)[:200]}")
 
     def finish(self) -> None:
-        """Mark the run finished (the last step that logs calls it)."""
-        if self.enabled and self.run_id:
+        """Mark the run finished (the last step that logs calls it), even when logging failed since."""
+        if self.store is not None and self.run_id:
             try:
                 self.store.finish(self.run_id)
             except Exception as e:
@@ -304,7 +319,8 @@ class Tracker:
 
     def end_open(self, status: str) -> str | None:
         """End the execution's run with `status` (FAILED, KILLED) if it is still RUNNING, which a step killed
-        outright leaves it (the deploy Lambda calls this when the execution has ended); its id, else None."""
+        outright leaves it (the deploy Lambda calls this when the execution has ended); its id, else None (and
+        `off_reason` says why when the server could not be asked)."""
         if not self.enabled:
             return None
         try:
@@ -319,7 +335,7 @@ class Tracker:
 
     def fail(self) -> None:
         """Mark the execution's run FAILED, if it has one (a failing step calls it; no run is created for it)."""
-        if not self.enabled:
+        if self.store is None or (self.off_reason and not self.run_id):
             return
         try:
             run_id = self.run_id or self.store.find_run(self.store.experiment_id(self.experiment), self.execution)

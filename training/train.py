@@ -23,19 +23,21 @@ Randomness. Dropout is reseeded at each optimizer step from (seed, step, rank), 
 exactly the same masks without having to gather every rank's generator state into the checkpoint.
 
 Checkpoints. Every --checkpoint-interval steps, every --checkpoint-minutes, and when SIGTERM arrives (the clock and
-the flag are agreed between ranks at the next log interval), rank 0 writes ``slot-K/checkpoint.pt`` (model,
-optimizer, scheduler, step) into one of KEEP_CHECKPOINTS fixed slots (the oldest), then the ``COMPLETE`` marker with
-the step, size and SHA-256. Fixed names keep the S3 copy bounded: SageMaker's checkpoint sync uploads new and
-changed files but never deletes in S3 what is deleted here, so new names per step would pile up there. A start
-resumes from the newest slot whose file matches its marker and skips the batches that step consumed, so an
-interrupted and resumed run ends with the same weights as an uninterrupted one (exactly, on CPU). After a SIGTERM
-checkpoint the script exits with 143. A finished training writes ``TRAINING`` = finished beside the slots: a later
-job given the same folder (the Train step's folder is per training, not per execution) starts afresh and marks the
-old slots stale (rewritten, not deleted, for the same reason).
+the flag are agreed between ranks at the next log interval; on CPU and CUDA the flag also every STOP_CHECK_SECONDS
+or so between them, since torchrun kills its workers 30 s after it forwards a SIGTERM), rank 0 writes
+``slot-K/checkpoint.pt`` (model, optimizer, scheduler, step) into one of KEEP_CHECKPOINTS fixed slots (the oldest),
+then the ``COMPLETE`` marker with the step, size and SHA-256. Fixed names keep the S3 copy bounded: SageMaker's
+checkpoint sync uploads new and changed files but never deletes in S3 what is deleted here, so new names per step
+would pile up there. A start resumes from the newest slot whose file matches its marker and skips the batches that
+step consumed, so an interrupted and resumed run ends with the same weights as an uninterrupted one (exactly, on
+CPU). After a SIGTERM checkpoint the script exits with 143. A finished training writes ``TRAINING`` = finished
+beside the slots: a later job given the same folder (the Train step's folder is per training, not per execution)
+starts afresh and marks the old slots stale (rewritten, not deleted, for the same reason).
 
 Timing. The first --log-interval steps are the warm-up (compilation, allocator and data-loader start); the
-stats report the steady-state rate of the later intervals and the seconds the warm-up took beyond that rate
-separately, plus the model FLOP rate counted from each row's real length (model_flops below).
+stats report the steady-state rate of the later intervals (none for a run of one interval) and the seconds the
+warm-up took beyond that rate separately, plus the model FLOP rate counted from each row's real length (model_flops
+below); the loop's wall time leaves out the scoring after it (scoring_s).
 
 Scoring. At the end, every rank scores its share of the validation and test splits; the per-row margins
 (logit positive - logit negative) are summed across ranks, so rank 0 holds the whole split. The test split's
@@ -91,6 +93,7 @@ TRAINING_STATE = "TRAINING"  # "finished" once a training in this folder ended, 
 KEEP_CHECKPOINTS = 2
 BATCHES_PER_MEGABATCH = 64
 STATS_FILE = "training_stats.json"
+STOP_CHECK_SECONDS = 5.0  # CPU/CUDA: how often (about) ranks agree on a SIGTERM between log read-outs
 TRACKED_STATS = ("samples_per_sec", "samples_per_sec_with_warmup", "warmup_s", "model_tflops_per_sec", "tokens_per_sec",
                  "padding_efficiency", "wall_time_s", "val_accuracy", "test_accuracy", "compile_count", "compile_s",
                  "peak_device_memory_gb")  # training_stats.json keys logged as the final metrics of the MLflow run
@@ -153,6 +156,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, unknown = p.parse_known_args(argv)
     if args.max_steps == 0 or args.max_steps < -1:
         p.error(f"--max-steps {args.max_steps}: expected a number of optimizer steps >= 1, or -1 for no limit")
+    for name in ("epochs", "batch_size", "grad_accum", "log_interval"):
+        if getattr(args, name) < 1:  # epochs 0 would save an untrained model and exit 0
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a whole number >= 1")
     if unknown:
         print(f"warning: ignoring unknown arguments {unknown}", file=sys.stderr, flush=True)
     return args
@@ -181,7 +187,11 @@ class TokenizedSplit:
             if not np.array_equal(np.asarray(types.offsets), self.offsets):
                 raise ValueError(f"{folder}: token_type_ids and input_ids rows differ in length")
             self.token_type_ids = np.asarray(types.values).astype(np.int8, copy=False)
-        self.labels = table.column("label").to_numpy().astype(np.int8, copy=False)
+        labels = table.column("label").to_numpy()
+        if len(labels) and (labels.min() < 0 or labels.max() > 1):
+            bad = sorted({int(v) for v in labels[(labels < 0) | (labels > 1)][:1000]})
+            raise ValueError(f"{folder}: labels {bad[:5]}: expected 0 (negative) or 1 (positive), as Tokenize writes")
+        self.labels = labels.astype(np.int8, copy=False)
         self.lengths = np.minimum(np.diff(self.offsets), max_length)
         self.max_length = max_length
 
@@ -696,8 +706,12 @@ def save_model(model: torch.nn.Module, model_id: str, model_dir: Path, max_lengt
 
 
 def load_split(folder: str, max_length: int) -> TokenizedSplit | None:
-    """The split in `folder`, or None when the channel is absent."""
-    return TokenizedSplit(folder, max_length) if Path(folder).is_dir() and any(Path(folder).glob("*.parquet")) else None
+    """The split in `folder`, or None when the channel is absent or has no rows (Tokenize writes one empty file for
+    an empty split: its accuracy is unknown, not NaN)."""
+    if not (Path(folder).is_dir() and any(Path(folder).glob("*.parquet"))):
+        return None
+    split = TokenizedSplit(folder, max_length)
+    return split if len(split) else None
 
 
 # -----------------------------------------------------------------------------
@@ -746,18 +760,31 @@ def optimizer_step(rt: Runtime, model: torch.nn.Module, optimizer, scheduler, ma
     optimizer.zero_grad(set_to_none=True)
 
 
-def read_out(rt: Runtime, loss_sum: torch.Tensor, stop_requested: bool, checkpoint_due: bool
-             ) -> tuple[float, bool, bool]:
-    """The loss summed over all ranks since the last read-out, whether any rank was asked to stop and whether any
-    rank's checkpoint clock ran out (so that all ranks agree on both): the one host sync of the loop, every
-    --log-interval steps."""
+def read_out(rt: Runtime, loss_sum: torch.Tensor, stop_requested: bool, checkpoint_due: bool, seconds: float = 0.0
+             ) -> tuple[float, bool, bool, float]:
+    """The loss summed over all ranks since the last read-out, whether any rank was asked to stop, whether any
+    rank's checkpoint clock ran out, and the ranks' mean of `seconds` (the interval's length), all agreed by every
+    rank: the one host sync of the loop every --log-interval steps (on CPU/CUDA also see agreed_stop)."""
     rt.mark_step()
-    flags = torch.tensor([float(stop_requested), float(checkpoint_due)]).to(rt.device)
+    flags = torch.tensor([float(stop_requested), float(checkpoint_due), seconds]).to(rt.device)
     stats = torch.cat([loss_sum.reshape(1), flags])
     if rt.distributed:
         dist.all_reduce(stats)
-    loss_total, stops, due = stats.cpu().tolist()
-    return loss_total, stops > 0, due > 0
+    loss_total, stops, due, seconds_sum = stats.cpu().tolist()
+    return loss_total, stops > 0, due > 0, seconds_sum / rt.world_size
+
+
+def agreed_stop(rt: Runtime, requested: bool) -> bool:
+    """Whether any rank was asked to stop (a one-number all-reduce and host sync, between read-outs on CPU/CUDA)."""
+    return bool(rt.all_reduce_sum(np.array([float(requested)]))[0] > 0)
+
+
+def stop_check_steps(rt: Runtime, seconds: float, steps: int) -> int:
+    """Optimizer steps between stop checks, from the last interval's agreed length (the same on every rank): about
+    STOP_CHECK_SECONDS apart, and never on XLA (its extra graph; the neuronx image forwards no SIGTERM anyway)."""
+    if rt.xla:
+        return 0
+    return max(1, int(STOP_CHECK_SECONDS * steps / seconds)) if seconds > 0 and steps else 1
 
 
 def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, optimizer, scheduler,
@@ -783,7 +810,7 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
         optimizer_step(rt, model, optimizer, scheduler, args.max_grad_norm)
         step += 1
         if step % args.log_interval == 0 or step == len(probes):
-            read_out(rt, loss_sum, False, False)
+            read_out(rt, loss_sum, False, False, 0.0)
             loss_sum = torch.zeros(()).to(rt.device)
     for split in scored.values():
         own = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
@@ -811,16 +838,20 @@ class Throughput:
         self.config, self.world_size = config, world_size
         self.intervals: list[tuple[int, float, float]] = []  # (samples, FLOPs, seconds)
         self.samples = 0
-        self.start = self.interval_start = time.time()
+        self.start = self.interval_start = self.end = time.time()
         self.interval_samples, self.interval_flops = 0, 0.0
 
     def add(self, rows: int, tokens: BatchTokens) -> None:
         self.interval_samples += rows * self.world_size
         self.interval_flops += model_flops(self.config, tokens.real, tokens.squares) * self.world_size
 
+    def elapsed(self) -> float:
+        """Seconds since the current interval began."""
+        return time.time() - self.interval_start
+
     def interval(self) -> float:
         """Close the current interval (at a read-out, after the host sync); its samples/s."""
-        now = time.time()
+        now = self.end = time.time()
         seconds, samples = now - self.interval_start, self.interval_samples
         if samples:
             self.intervals.append((samples, self.interval_flops, seconds))
@@ -829,16 +860,18 @@ class Throughput:
         return samples / seconds if seconds > 0 else 0.0
 
     def steady(self) -> list[tuple[int, float, float]]:
-        return self.intervals[1:] or self.intervals
+        """The intervals after the first (the warm-up); none in a run of one interval."""
+        return self.intervals[1:]
 
     def steady_rate(self) -> float:
         samples, seconds = sum(i[0] for i in self.steady()), sum(i[2] for i in self.steady())
         return samples / seconds if seconds > 0 else 0.0
 
     def stats(self) -> dict:
-        """samples_per_sec: steady state; warmup_s: what the first interval took beyond the steady rate (compiling,
-        warming up); wall_time_s and samples_per_sec_with_warmup: the whole loop, as billed."""
-        wall = time.time() - self.start
+        """samples_per_sec: steady state (None in a run of one log interval: it has no steady state); warmup_s: what
+        the first interval took beyond the steady rate (compiling, warming up); wall_time_s and
+        samples_per_sec_with_warmup: the whole loop (scoring after it not included), as billed."""
+        wall = self.end - self.start
         rate = self.steady_rate()
         flops, seconds = sum(i[1] for i in self.steady()), sum(i[2] for i in self.steady())
         first = self.intervals[0] if len(self.intervals) > 1 else None
@@ -989,6 +1022,7 @@ def main(argv: list[str] | None = None) -> None:
     last_loss, stopping, checkpoint_due = None, False, False
     compiles_per_epoch, intervals = [], []  # intervals: each log read-out's step, loss and samples/s
     throughput = Throughput(raw_model.config, rt.world_size)
+    check_every = stop_check_steps(rt, 0.0, 0)  # every step until the first read-out has timed one
     while step < total_steps:
         epoch = step // steps_per_epoch
         batches = train_batches(train.lengths, args.batch_size, args.seed, epoch, rt.rank, rt.world_size)
@@ -1012,7 +1046,9 @@ def main(argv: list[str] | None = None) -> None:
                 # the stop flag and the checkpoint clock are agreed by all ranks, unlike the local ones
                 minutes = (time.monotonic() - last_checkpoint) / 60
                 clock = 0 < args.checkpoint_minutes <= minutes
-                loss_total, stopping, checkpoint_due = read_out(rt, loss_sum, stop["requested"], clock)
+                loss_total, stopping, checkpoint_due, seconds = read_out(rt, loss_sum, stop["requested"], clock,
+                                                                         throughput.elapsed())
+                check_every = stop_check_steps(rt, seconds, interval_steps)
                 last_loss = loss_total / (interval_steps * args.grad_accum * rt.world_size)
                 rate = throughput.interval()
                 intervals.append({"step": step, "loss": last_loss, "samples_per_sec": rate})
@@ -1022,6 +1058,8 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 loss_sum = torch.zeros(()).to(rt.device)
                 interval_steps = 0
+            elif check_every and interval_steps % check_every == 0:
+                stopping = agreed_stop(rt, stop["requested"])
             if stopping or checkpoint_due or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0):
                 checkpoint()
                 checkpoint_due = False
@@ -1036,6 +1074,7 @@ def main(argv: list[str] | None = None) -> None:
     throughput.interval()  # steps after the last read-out (a stop at the step limit reads out, so none)
 
     # scoring: validation and test, every rank its share
+    scoring_started = time.time()
     rows = args.batch_size if rt.fixed_shapes else None
     accuracy: dict[str, float | None] = {"val": None, "test": None}
     margins: dict[str, np.ndarray] = {}
@@ -1058,7 +1097,9 @@ def main(argv: list[str] | None = None) -> None:
         "global_step": step,
         "resumed_from_step": resumed_from or None,
         **throughput.stats(),
-        "tokens_per_sec": throughput.steady_rate() * real_tokens / throughput.samples if throughput.samples else None,
+        "scoring_s": round(time.time() - scoring_started, 3),
+        "tokens_per_sec": (throughput.steady_rate() * real_tokens / throughput.samples
+                           if throughput.samples and throughput.steady_rate() else None),
         "padding_efficiency": real_tokens / padded_tokens if padded_tokens else None,
         "peak_device_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if rt.device_type == "cuda" else None,
         "peak_host_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,

@@ -167,6 +167,11 @@ def plan(
     for key in ("batch-size", "grad-accum", "max-steps"):
         if key not in resolved.get("HyperParameters", {}):
             raise CompareError(f"the Train step has no hyperparameter {key!r}; compare cannot set the batch")
+    interval = int(resolved["HyperParameters"].get("log-interval") or 0)
+    if max_steps <= interval:  # samples/s leaves out the first interval (the warm-up): one interval measures nothing
+        raise CompareError(f"--max-steps {max_steps}: the jobs read out every {interval} steps (training.log_interval) "
+                           f"and the first interval is the warm-up, so they would measure no steady samples/s; "
+                           f"expected more than {interval}, e.g. {DEFAULT_MAX_STEPS}")
     result = Plan(run_id, dict(data), global_batch, max_steps)
     for instance_type in instance_types:
         per_device, accum = split_batch(global_batch, devices(instance_type) * count, max_device_batch, instance_type)

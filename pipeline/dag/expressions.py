@@ -105,7 +105,8 @@ def evaluate(node: Any, ctx: Context, where: str) -> Any:
         loader = _get(source["Get"], ctx, where)
         if not callable(loader):
             raise ExpressionError(f"{where}: Std:JsonGet needs a property file, got {source}")
-        return lookup(loader(), property_path(spec["Path"]), f"{where}: Std:JsonGet {spec['Path']}")
+        path = re.sub(r"^\$\.?", "", spec["Path"])  # JsonPath's root `$` (`$.a.b`, `$['a']`) is the file itself
+        return lookup(loader(), property_path(path), f"{where}: Std:JsonGet {spec['Path']}")
     unknown = [k for k in node if k.startswith("Std:")]
     if unknown:
         raise ExpressionError(f"{where}: unsupported expression {unknown[0]}: {json.dumps(node)[:200]}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pipeline.dag.durations import expire_after
 from pipeline.dag.expressions import ExpressionError
 
 BRANCHES = ("IfSteps", "ElseSteps")
@@ -80,6 +81,16 @@ class StepGraph:
             unknown = needs - self.steps.keys()
             if unknown:
                 raise ExpressionError(f"step {name}: depends on unknown step {sorted(unknown)[0]}")
+            fails = sorted(n for n in needs if self.steps[n]["Type"] == "Fail")
+            if fails:  # a FailStep ends the execution: CreatePipeline refuses a step that waits on one
+                raise ExpressionError(f"step {name}: depends on the FailStep {fails[0]}; SageMaker lets no step "
+                                      f"depend on or refer to a FailStep")
+            cache = step.get("CacheConfig") or {}
+            if cache.get("Enabled") and cache.get("ExpireAfter"):
+                try:
+                    expire_after(cache["ExpireAfter"])
+                except ValueError as e:
+                    raise ExpressionError(f"step {name}: {e}") from None
             self.depends[name] = needs
         self.order = self._topological()
 

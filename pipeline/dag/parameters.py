@@ -64,6 +64,11 @@ def check_data_source(definition: dict, values: Mapping[str, Any], option: str =
         )
 
 
+def article(kind: str) -> str:
+    """`an Integer`, `a Float`: a parameter type with its article."""
+    return f"{'an' if kind[0] in 'AEIOU' else 'a'} {kind}"
+
+
 def resolve(definition: dict, overrides: Mapping[str, str], option: str = "--param ") -> dict[str, Any]:
     """Every declared parameter's value: its default, or its override cast to the declared type. `option` names
     where the overrides come from in errors (`--param NAME`, or a config key like `triggers.schedule_parameters.`)."""
@@ -75,13 +80,14 @@ def resolve(definition: dict, overrides: Mapping[str, str], option: str = "--par
     values = {p["Name"]: p.get("DefaultValue") for p in declared}
     for name, raw in overrides.items():
         if str(raw) == "":  # StartPipelineExecution: a Value is 1 to 1024 characters
-            raise ParameterError(f"{option}{name}=: empty; expected a {types[name]} (leave it out for the default)")
+            raise ParameterError(f"{option}{name}=: empty; expected {article(types[name])} (leave it out for the "
+                                 "default)")
         if len(str(raw)) > 1024:
             raise ParameterError(f"{option}{name}: {len(str(raw))} characters; expected at most 1024")
         try:
             values[name] = CASTS[types[name]](raw)
         except (ValueError, KeyError):
-            raise ParameterError(f"{option}{name}={raw!r}: expected a {types[name]}") from None
+            raise ParameterError(f"{option}{name}={raw!r}: expected {article(types[name])}") from None
     missing = [name for name, value in values.items() if value is None]
     if missing:
         raise ParameterError(f"parameter {missing[0]} has no default; pass --param {missing[0]}=VALUE")

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.dag.graph import StepGraph, changed_steps
+from pipeline.dag.graph import StepGraph, changed_steps, flatten_steps
 from pipeline.errors import UserError
 
 # StartPipelineExecution's SelectiveExecutionConfig.SourcePipelineExecutionArn: "Failed or Success" (botocore's
@@ -191,6 +191,12 @@ def check_retry(execution: str, status: str, ran: dict, current: dict, rerun: It
     if status not in RETRYABLE:
         why = "it is still running" if status in ("Executing", "Stopping") else "there is nothing to retry"
         raise SelectionError(f"execution {execution} is {status}: {why} (only a Failed or Stopped one can be retried)")
+    steps = flatten_steps(ran.get("Steps", []))
+    fail_steps = [name for name in rerun if steps.get(name, {}).get("Type") == "Fail"]
+    if fail_steps:  # SageMaker: "You cannot retry a pipeline execution ending with a FailStep"
+        raise SelectionError(f"execution {execution} ended in its FailStep {fail_steps[0]}, which a retry would only "
+                             f"reach again (SageMaker retries no such execution): start a new one, or start --steps "
+                             f"... --from {execution} to reuse the steps that succeeded")
     diff = changed_steps(ran, current)
     if not any(diff.values()) and ran.get("Parameters") == current.get("Parameters"):
         return  # the same steps and parameters (whatever else the service keeps beside them)

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.code import job_bundles
-from pipeline.config import Config
+from pipeline.config import Config, check_parameter_values
 from pipeline.cost import ExecutionCost, stats_from_tarball
 from pipeline.dag.graph import changed_steps
-from pipeline.dag.parameters import resolve
+from pipeline.dag.parameters import ParameterError, resolve
 from pipeline.dag.requests import check_job_steps
 from pipeline.dag.selection import RERUN, Selection, Source, check_retry, inherit, select
 from pipeline.errors import UserError
@@ -63,7 +63,7 @@ class LocalBackend:
         return json.loads(definition(self.cfg))
 
     def check(self, parameters: dict[str, str]) -> None:
-        resolve(self.definition, parameters)
+        check_parameter_values(self.cfg, resolve(self.definition, parameters), parameters, error=ParameterError)
 
     def upsert(self) -> Upserted:
         """What `upsert` does on AWS: check the job steps as requests, put the step code at its content-hashed keys
@@ -121,7 +121,7 @@ class LocalBackend:
         origin = Source(record.id, record.pipeline, record.status, statuses) if record else None
         chosen = select(definition, steps, origin, self.pipeline)
         merged = inherit(definition, record.parameters if record else {}, parameters)
-        resolve(definition, merged)
+        check_parameter_values(self.cfg, resolve(definition, merged), parameters, error=ParameterError)
         return chosen, record, merged
 
     def check_selection(self, steps: list[str], source: str | None, parameters: dict[str, str]) -> Selection:

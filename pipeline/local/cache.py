@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
-from datetime import timedelta
 from pathlib import Path
 
+from pipeline.dag.durations import expire_after
 from pipeline.local.storage import LocalS3
 
 # "Default cache key attributes by pipeline step type" (SageMaker developer guide, pipelines-default-keys)
@@ -20,19 +19,7 @@ KEY_ATTRIBUTES = {
     "Training": ("AlgorithmSpecification", "CheckpointConfig", "DebugHookConfig", "DebugRuleConfigurations",
                  "Environment", "HyperParameters", "InputDataConfig"),
 }
-DURATION = re.compile(r"^P(?:(\d+)Y)?(?:(\d+)M)?(?:(\d+)W)?(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$",
-                      re.IGNORECASE)
 ENDED = "__cached_at"  # when the run ended (epoch seconds), beside its properties
-
-
-def expire_after(text: str) -> timedelta:
-    """An ISO 8601 duration as CacheConfig.ExpireAfter takes it (P30D, PT1H, P1Y2M, P2W); a year is 365 days and a
-    month 30."""
-    found = DURATION.match(text.strip())
-    if not found or text.strip().upper() in ("P", "PT") or text.strip().upper().endswith("T"):
-        raise ValueError(f"CacheConfig.ExpireAfter {text!r} is not an ISO 8601 duration (such as P30D or PT12H)")
-    years, months, weeks, days, hours, minutes, seconds = (int(g or 0) for g in found.groups())
-    return timedelta(days=365 * years + 30 * months + 7 * weeks + days, hours=hours, minutes=minutes, seconds=seconds)
 
 
 class StepCache:

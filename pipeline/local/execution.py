@@ -143,20 +143,29 @@ class ExecutionState:
             "PipelineExecutionId": execution.id,
             "PipelineExecutionArn": execution.arn,
             "PipelineName": execution.pipeline,
-            "PipelineArn": f"{LOCAL_ARN}:pipeline/{execution.pipeline}",
+            "PipelineArn": execution.arn.rsplit("/execution/", 1)[0],  # lowercased, as SageMaker's ARNs
             "PipelineExecutionDisplayName": execution.id,
             "StartDateTime": execution.started,
             "CurrentDateTime": now,  # read when used; TrainingJobName / ProcessingJobName: inside a job step
         }
         self.context = Context(parameters=execution.parameters, execution=variables)
         self.outcomes: dict[str, str] = {}  # condition step -> "IfSteps" | "ElseSteps"
+        self.ended_at: str | None = None  # the FailStep that ended the execution
+        self.running_then: set[str] = set()  # the steps that could run beside it (they finish, as on SageMaker)
 
     def record(self, name: str) -> StepRecord:
         return self.execution.steps[name]
 
+    def fail_step_ended(self, name: str) -> None:
+        """FailStep `name` ended the execution: SageMaker lets the steps running beside it finish and starts no other.
+        Steps run here one by one, so those whose upstream steps had all ended count as running beside it."""
+        self.ended_at = name
+        self.running_then = {n for n, r in self.execution.steps.items() if r.status == "Pending"
+                             and all(self.record(d).status != "Pending" for d in self.graph.depends[n])}
+
     def blocked(self, name: str) -> tuple[str, str] | None:
         """(status, reason) when step `name` must not run: an upstream step did not succeed or was skipped, or it
-        is in the branch its condition did not take."""
+        is in the branch its condition did not take, or a FailStep ended the execution before it could start."""
         upstream = {self.record(d).status for d in self.graph.depends[name]}
         if upstream & set(UNFINISHED):
             return "NotStarted", "an upstream step did not succeed"
@@ -165,6 +174,8 @@ class ExecutionState:
             return "Skipped", f"{branch[0]} took the other branch"
         if "Skipped" in upstream:
             return "Skipped", "an upstream step was skipped"
+        if self.ended_at and name not in self.running_then:
+            return "NotStarted", f"the FailStep {self.ended_at} ended the execution"
         return None
 
     def succeeded(self, name: str, properties: dict) -> None:

@@ -1,10 +1,10 @@
 """A local model registry in one SQLite file, with the concepts of SageMaker's Model Registry.
 
 Model package groups hold numbered model package versions (1, 2, 3, ... per group). Each version carries its model
-data (a local model.tar.gz path or a URI), the inference image (informational), content types, instance types, the
-metrics of evaluation.json, customer metadata, and an approval status that moves between PendingManualApproval,
-Approved and Rejected. `ModelVersion.describe()` returns the shape of boto3's `describe_model_package` answer, so
-code that prints or compares model packages handles both.
+data (a local model.tar.gz path or a URI), the inference image (informational), content and response types, instance
+types, the metrics of evaluation.json, customer metadata, and an approval status that moves between
+PendingManualApproval, Approved and Rejected. `ModelVersion.describe()` returns the shape of boto3's
+`describe_model_package` answer, so code that prints or compares model packages handles both.
 
 Every call opens its own connection and writes inside a `BEGIN IMMEDIATE` transaction: several processes (the local
 runner registering a model while `models approve` runs in another shell) may use one file at once.
@@ -23,10 +23,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pipeline.config import METADATA_VALUE_LENGTH
+from pipeline.config_aws import TAG_CHARACTERS, tag_text
 from pipeline.errors import UserError
 from pipeline.local.storage import LOCAL_ARN
 from steps.contract import APPROVAL_STATUSES, APPROVED, REJECTED, report_accuracy
 
+METADATA_ENTRIES, METADATA_KEY_LENGTH = 50, 128  # CustomerMetadataMap's limits (values: METADATA_VALUE_LENGTH)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS model_package_groups (
     name        TEXT PRIMARY KEY,
@@ -39,6 +42,7 @@ CREATE TABLE IF NOT EXISTS model_packages (
     model_data          TEXT NOT NULL,
     image               TEXT NOT NULL DEFAULT '',
     content_types       TEXT NOT NULL DEFAULT '[]',
+    response_types      TEXT NOT NULL DEFAULT '[]',
     inference_instances TEXT NOT NULL DEFAULT '[]',
     metrics             TEXT NOT NULL DEFAULT '{}',
     metrics_source      TEXT NOT NULL DEFAULT '',
@@ -88,6 +92,7 @@ class ModelVersion:
     modified: str
     image: str = ""
     content_types: tuple[str, ...] = ()
+    response_types: tuple[str, ...] = ()
     inference_instances: tuple[str, ...] = ()
     metrics: dict[str, Any] = field(default_factory=dict)
     metrics_source: str = ""
@@ -130,7 +135,7 @@ class ModelVersion:
                     {"Image": self.image, "ModelDataUrl": self.model_data, "Environment": dict(self.environment)}
                 ],
                 "SupportedContentTypes": list(self.content_types),
-                "SupportedResponseMIMETypes": list(self.content_types),
+                "SupportedResponseMIMETypes": list(self.response_types),
                 "SupportedRealtimeInferenceInstanceTypes": list(self.inference_instances),
             },
             "ModelPackageStatus": "Completed",
@@ -156,8 +161,9 @@ class Registry:
         with self._transaction() as db:
             db.executescript(_SCHEMA)
             columns = {row["name"] for row in db.execute("PRAGMA table_info(model_packages)")}
-            if "environment" not in columns:  # a registry made before versions carried an environment
-                db.execute("ALTER TABLE model_packages ADD COLUMN environment TEXT NOT NULL DEFAULT '{}'")
+            for column, empty in (("environment", "{}"), ("response_types", "[]")):  # added after the first release
+                if column not in columns:
+                    db.execute(f"ALTER TABLE model_packages ADD COLUMN {column} TEXT NOT NULL DEFAULT '{empty}'")
 
     @contextmanager
     def _transaction(self, write: bool = False) -> Iterator[sqlite3.Connection]:
@@ -207,6 +213,18 @@ class Registry:
             (name, description, _now()),
         )
 
+    @staticmethod
+    def _check_metadata(metadata: Mapping[str, str]) -> None:
+        """CreateModelPackage's and UpdateModelPackage's limits on CustomerMetadataProperties (botocore's model):
+        the service refuses the request otherwise, so a local run must too."""
+        if len(metadata) > METADATA_ENTRIES:
+            raise ValueError(f"customer metadata: {len(metadata)} entries, at most {METADATA_ENTRIES}")
+        for key, value in metadata.items():
+            for what, text, most in (("key", key, METADATA_KEY_LENGTH), ("value", value, METADATA_VALUE_LENGTH)):
+                if not tag_text(text, most, least=1):
+                    raise ValueError(f"customer metadata {key!r}: the {what} {text[:60]!r} must have 1 to {most} "
+                                     f"characters of {TAG_CHARACTERS}")
+
     def groups(self) -> list[dict[str, str]]:
         """All groups: [{"name", "description", "created"}], by name."""
         with self._transaction() as db:
@@ -223,6 +241,7 @@ class Registry:
         customer_metadata: Mapping[str, str] | None = None,
         image: str = "",
         content_types: Iterable[str] = (),
+        response_types: Iterable[str] = (),
         inference_instances: Iterable[str] = (),
         description: str = "",
         environment: Mapping[str, str] | None = None,
@@ -239,6 +258,7 @@ class Registry:
             metrics_source = str(Path(metrics).resolve())
             metrics = json.loads(Path(metrics).read_text())
         metadata = {str(k): str(v) for k, v in (customer_metadata or {}).items()}
+        self._check_metadata(metadata)
         now = _now()
         with self._transaction(write=True) as db:
             self._ensure_group(db, group)
@@ -246,15 +266,16 @@ class Registry:
                 "SELECT COALESCE(MAX(version), 0) + 1 FROM model_packages WHERE group_name = ?", (group,)
             ).fetchone()
             db.execute(
-                "INSERT INTO model_packages (group_name, version, model_data, image, content_types,"
+                "INSERT INTO model_packages (group_name, version, model_data, image, content_types, response_types,"
                 " inference_instances, metrics, metrics_source, customer_metadata, environment, description, status,"
-                " note, created, modified) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
+                " note, created, modified) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
                 (
                     group,
                     version,
                     model_data,
                     image,
                     json.dumps(list(content_types)),
+                    json.dumps(list(response_types)),
                     json.dumps(list(inference_instances)),
                     json.dumps(dict(metrics or {})),
                     metrics_source,
@@ -305,6 +326,7 @@ class Registry:
         with self._transaction(write=True) as db:
             current = self._get(db, group, version)
             merged = {**current.customer_metadata, **{str(k): str(v) for k, v in values.items()}}
+            self._check_metadata(merged)
             db.execute(
                 "UPDATE model_packages SET customer_metadata = ?, modified = ? WHERE group_name = ? AND version = ?",
                 (json.dumps(merged), _now(), group, int(version)),
@@ -343,6 +365,7 @@ class Registry:
             modified=row["modified"],
             image=row["image"],
             content_types=tuple(json.loads(row["content_types"])),
+            response_types=tuple(json.loads(row["response_types"])),
             inference_instances=tuple(json.loads(row["inference_instances"])),
             metrics=json.loads(row["metrics"]),
             metrics_source=row["metrics_source"],

@@ -280,6 +280,8 @@ class LocalRunner:
             state.succeeded(name, executor(StepRun(self, state, self.graph.steps[name], record, folder)))
         except (StepFailed, UserError, FileNotFoundError, ValueError) as failure:
             record.status, record.reason = "Failed", str(failure)
+            if record.type == "Fail":
+                state.fail_step_ended(name)
         except Exception as e:  # the runner's own fault: the step fails with it, the execution still ends
             record.status, record.reason = "Failed", f"the local runner failed: {type(e).__name__}: {e}"
         finally:

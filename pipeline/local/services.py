@@ -68,6 +68,7 @@ class LocalServices:
             customer_metadata=args.get("CustomerMetadataProperties"),
             image=container.get("Image", ""),
             content_types=spec.get("SupportedContentTypes", []),
+            response_types=spec.get("SupportedResponseMIMETypes", []),
             inference_instances=spec.get("SupportedRealtimeInferenceInstanceTypes", []),
             description=args.get("ModelPackageDescription", ""),
             environment=container.get("Environment"),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from pipeline.config import Config
+from pipeline.config import Config, check_parameter_values
 from pipeline.cost import ExecutionCost
 from pipeline.dag.parameters import ParameterError, as_request, resolve
 from pipeline.dag.selection import RERUN, Selection, check_retry, inherit, select
@@ -52,7 +52,9 @@ class SageMakerBackend:
         return definition(self.cfg)
 
     def check(self, parameters: dict[str, str]) -> None:
-        reachable(resolve(json.loads(self.definition_text), parameters))  # types and the data source's form
+        values = resolve(json.loads(self.definition_text), parameters)  # declared names and types
+        reachable(values)  # the data source's form
+        check_parameter_values(self.cfg, values, parameters, error=ParameterError)
 
     def upsert(self) -> Upserted:
         return upsert(self.cfg, self.definition_text, self.aws)
@@ -75,7 +77,9 @@ class SageMakerBackend:
         origin, inherited = executions.source(self.aws, arn) if arn else (None, {})
         chosen = select(definition, steps, origin, self.cfg.pipeline.name)
         merged = inherit(definition, inherited, parameters)
-        reachable(resolve(definition, merged))
+        values = resolve(definition, merged)
+        reachable(values)
+        check_parameter_values(self.cfg, values, parameters, error=ParameterError)
         return chosen, arn, merged
 
     def check_selection(self, steps: list[str], source: str | None, parameters: dict[str, str]) -> Selection:

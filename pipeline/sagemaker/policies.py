@@ -105,7 +105,9 @@ def policies(cfg: Config) -> dict[str, dict]:
                 "Sid": "TargetTrackingAlarms",
                 "Effect": "Allow",
                 "Action": ["cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms"],
-                "Resource": [f"{arn}:cloudwatch:{region}:{account}:alarm:TargetTracking-endpoint/{endpoint}/*"],
+                # TargetTracking-<ResourceId>-...: the endpoint name in its own case (SageMaker's ARNs lowercase it)
+                "Resource": [f"{arn}:cloudwatch:{region}:{account}:alarm:TargetTracking-endpoint/"
+                             f"{cfg.deploy.endpoint_name}/*"],
             },
             {  # the first scalable SageMaker variant of an account creates Application Auto Scaling's role
                 "Sid": "AutoscalingRole",

@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from pipeline.config import Config
+from pipeline.config import Config, check_parameter_values
 from pipeline.dag.parameters import ParameterError, resolve
 from pipeline.errors import ConfigError
 from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
@@ -100,7 +100,8 @@ def check_parameters(cfg: Config) -> None:
     from pipeline.definition import definition
 
     try:
-        resolve(json.loads(definition(cfg)), cfg.triggers.schedule_parameters, "triggers.schedule_parameters.")
+        option, given = "triggers.schedule_parameters.", cfg.triggers.schedule_parameters
+        check_parameter_values(cfg, resolve(json.loads(definition(cfg)), given, option), given, option)
     except ParameterError as e:
         raise ConfigError(str(e)) from None
 
@@ -269,7 +270,7 @@ def apply(cfg: Config, aws: Aws | None, print_only: bool = False) -> list[dict]:
         report.append({"name": name, "action": action, "rule": rule, "arn": rule_arn})
     wanted = {r["Name"] for r in rules}
     for name in rule_names(cfg).values():
-        if name not in wanted and _delete_rule(aws, name):
+        if name not in wanted and _delete_rule(cfg, aws, name):
             report.append({"name": name, "action": "deleted", "rule": None})
     return report
 
@@ -311,30 +312,29 @@ def list_(cfg: Config, aws: Aws) -> list[dict]:
     return found
 
 
-def _delete_rule(aws: Aws, name: str) -> bool:
-    """Remove the rule's targets, then the rule; False if it does not exist."""
+def _delete_rule(cfg: Config, aws: Aws, name: str) -> bool:
+    """Remove the rule's targets, then the rule, and the deploy Lambda's permission for it (apply gave one to each
+    rule that targets the Lambda; none is fine); False if the rule does not exist."""
     events = aws.client("events")
     with explained(f"delete rule {name}"):
         if _describe_rule(aws, name) is None:
-            return False
-        ids = [t["Id"] for t in events.list_targets_by_rule(Rule=name).get("Targets", [])]
-        if ids:
-            events.remove_targets(Rule=name, Ids=ids, Force=False)
-        events.delete_rule(Name=name)
-    return True
+            existed = False
+        else:
+            ids = [t["Id"] for t in events.list_targets_by_rule(Rule=name).get("Targets", [])]
+            if ids:
+                events.remove_targets(Rule=name, Ids=ids, Force=False)
+            events.delete_rule(Name=name)
+            existed = True
+    try:
+        aws.client("lambda").remove_permission(FunctionName=cfg.deploy.lambda_function_name,
+                                               StatementId=_statement_id(cfg, name))
+    except ClientError as e:
+        if _code(e) != "ResourceNotFoundException":
+            raise AwsError(f"remove permission {_statement_id(cfg, name)} of {cfg.deploy.lambda_function_name}: "
+                           f"{e}") from None
+    return existed
 
 
 def delete(cfg: Config, aws: Aws) -> list[str]:
-    """Delete every rule apply made (targets first) and the Lambda permission; the names deleted."""
-    deleted = [name for name in rule_names(cfg).values() if _delete_rule(aws, name)]
-    for name in (rule_names(cfg)[kind] for kind in ("deploy-on-approval", "rollback-on-reject", "endpoint-state")):
-        try:
-            aws.client("lambda").remove_permission(
-                FunctionName=cfg.deploy.lambda_function_name, StatementId=_statement_id(cfg, name)
-            )
-        except ClientError as e:
-            if _code(e) != "ResourceNotFoundException":
-                raise AwsError(
-                    f"remove permission {_statement_id(cfg, name)} of {cfg.deploy.lambda_function_name}: {e}"
-                ) from None
-    return deleted
+    """Delete every rule apply made (targets first) and the Lambda's permissions for them; the names deleted."""
+    return [name for name in rule_names(cfg).values() if _delete_rule(cfg, aws, name)]

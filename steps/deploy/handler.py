@@ -90,9 +90,12 @@ def _execution_event(settings: sagemaker_account.Settings, detail: dict) -> dict
                                           contract.EXECUTION_ENV: execution,
                                           contract.EXPERIMENT_ENV: settings.experiment or tracking.DEFAULT_EXPERIMENT})
     run_id = tracker.end_open(ended)
-    return {**_ignored(f"no RUNNING MLflow run of execution {execution}"), **(
-        {"action": "run-ended", "reason": f"MLflow run {run_id} of execution {execution} ended {ended}"}
-        if run_id else {})}
+    if run_id:
+        return {**_ignored(""), "action": "run-ended",
+                "reason": f"MLflow run {run_id} of execution {execution} ended {ended}"}
+    if tracker.off_reason:
+        return _ignored(f"could not ask MLflow for the run of execution {execution}: {tracker.off_reason}")
+    return _ignored(f"no RUNNING MLflow run of execution {execution}")
 
 
 def step(account: lifecycle.Account, policy: lifecycle.Policy, arn: str) -> dict[str, Any]:

@@ -132,8 +132,8 @@ def deploy(
     """Serve model package version `model_package_arn` on `endpoint_name` (created or updated).
 
     `autoscaling` (an application-autoscaling client) marks an autoscaled endpoint: an update keeps its instance
-    count (RetainAllVariantProperties; data capture still follows the new config), and a change of instance type
-    removes the scaling policy and target first, as SageMaker requires (the next InService applies them again).
+    count and weight (RetainAllVariantProperties), and a change of instance type removes the scaling policy and
+    target first, as SageMaker requires (the next InService applies them again).
 
     Raises NotApproved for a version that is not Approved. Returns {"endpoint_config_name",
     "model_name", "action": "created" | "updated" | "unchanged" | "in-progress", "endpoint_name",
@@ -213,8 +213,7 @@ def deploy(
     update: dict[str, Any] = {"EndpointName": endpoint_name, "EndpointConfigName": config}
     if autoscaling is not None:
         if _instance_type(sm, endpoint) == instance_type:
-            update["RetainAllVariantProperties"] = True
-            update["ExcludeRetainedVariantProperties"] = [{"VariantPropertyType": "DataCaptureConfig"}]
+            update["RetainAllVariantProperties"] = True  # nothing excluded: DataCaptureConfig is not supported there
         else:
             remove_autoscaling(autoscaling, endpoint_name)
     if guardrails_alarm:

@@ -6,7 +6,8 @@ is {"value": v, "standard_deviation": s} with a number for s, plus the confusion
 precision-recall curves. A row is predicted positive when its margin (logit positive - logit negative) is > 0.
 
 Standard deviations: for the threshold metrics, over 200 seeded multinomial resamples of the confusion matrix (a
-bootstrap of the test rows that needs no second pass over them); for the AUC, Hanley and McNeil's formula.
+bootstrap of the test rows that needs no second pass over them); for the AUC, Hanley and McNeil's formula. As Model
+Monitor, only for at least MIN_ROWS_FOR_DEVIATION rows: NaN below (a handful of rows has no meaningful spread).
 Numpy only, so it runs in any processing image.
 """
 
@@ -21,6 +22,8 @@ from typing import Any
 import numpy as np
 
 BOOTSTRAP_RESAMPLES = 200
+NAN = float("nan")
+MIN_ROWS_FOR_DEVIATION = 200  # Model Monitor gives standard deviations only from this many samples, else NaN
 CURVE_POINTS = 101
 Z95 = 1.959964
 
@@ -83,11 +86,14 @@ def auc_standard_deviation(value: float, positives: int, negatives: int) -> floa
 
 
 def curves(labels: np.ndarray, margins: np.ndarray) -> tuple[dict, dict]:
-    """ROC and precision-recall curves, each at most CURVE_POINTS points (thresholds from high to low)."""
+    """ROC and precision-recall curves, each at most CURVE_POINTS points (thresholds from high to low), each point at
+    the end of a group of equal margins: a threshold takes a tie group whole, so no point lies inside one."""
     order = np.argsort(-margins, kind="stable")
     hits = labels[order].astype(np.float64)
     tp, fp = np.cumsum(hits), np.cumsum(1 - hits)
-    cut = np.unique(np.linspace(0, len(order) - 1, CURVE_POINTS).round().astype(int))
+    descending = -margins[order]  # ascending
+    cut = np.linspace(0, len(order) - 1, CURVE_POINTS).round().astype(int)
+    cut = np.unique(np.searchsorted(descending, descending[cut], side="right") - 1)
     positives, negatives = max(tp[-1], 1.0), max(fp[-1], 1.0)
     tpr, fpr = tp[cut] / positives, fp[cut] / negatives
     precision = tp[cut] / (tp[cut] + fp[cut])
@@ -107,16 +113,21 @@ def binary_classification_metrics(labels: np.ndarray, margins: np.ndarray, seed:
     metrics: dict[str, Any] = {
         "confusion_matrix": {str(a): {str(p): int(cm[a, p]) for p in (0, 1)} for a in (0, 1)}
     }
+    enough = n >= MIN_ROWS_FOR_DEVIATION
     for name, value in values.items():
-        metrics[name] = {"value": float(value), "standard_deviation": float(spread[name].std())}
+        metrics[name] = {"value": float(value), "standard_deviation": float(spread[name].std()) if enough else NAN}
     share = positives / n if n else 0.0
-    # the always-positive classifier, as Model Monitor's *_best_constant_classifier metrics all describe it
+    # the always-positive classifier (precision `share`, recall 1), as Model Monitor's *_best_constant_classifier
+    # metrics all describe it
     metrics["accuracy_best_constant_classifier"] = {"value": share, "standard_deviation": 0.0}
     metrics["precision_best_constant_classifier"] = {"value": share, "standard_deviation": 0.0}
     metrics["recall_best_constant_classifier"] = {"value": 1.0, "standard_deviation": 0.0}
-    metrics["f1_best_constant_classifier"] = {"value": 2 * share / (1 + share), "standard_deviation": 0.0}
+    for name, beta in (("f0_5", 0.5), ("f1", 1.0), ("f2", 2.0)):
+        value = (1 + beta**2) * share / (beta**2 * share + 1)
+        metrics[f"{name}_best_constant_classifier"] = {"value": value, "standard_deviation": 0.0}
     area = auc(labels, margins)
-    metrics["auc"] = {"value": area, "standard_deviation": auc_standard_deviation(area, positives, n - positives)}
+    spread_auc = auc_standard_deviation(area, positives, n - positives) if enough else NAN
+    metrics["auc"] = {"value": area, "standard_deviation": spread_auc}
     roc, pr = curves(labels, margins)
     metrics["receiver_operating_characteristic_curve"] = roc
     metrics["precision_recall_curve"] = pr

@@ -185,7 +185,8 @@ class RecordBlocks:
         """Count rows cut out (refuse to cut the header); the first of each reason is noted with its line: that of
         data[at], data starting at line."""
         if header:
-            raise ValueError(f"the header (line 1) is unusable: {what}")
+            raise ValueError(f"its first record (line 1: the header, or the first row of a file without one) is "
+                             f"unusable: {what}; save the file as UTF-8 CSV")
         self.dropped[reason] = self.dropped.get(reason, 0) + rows
         if reason not in self.notes:
             self.notes[reason] = f"{self.where} line {line + breaks(data, 0, at)}: {what}"

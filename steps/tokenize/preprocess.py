@@ -269,8 +269,9 @@ def encoded(chunks: Iterator[tuple[pa.Table | None, Drops]], encoder: Encoder) -
         for table, drops in chunks:
             chunk = Chunk(rows=drops.total, dropped=dict(drops.counts), notes=drops.notes)
             if table is not None:
-                chunk.kept, chunk.kept_index, counts = validate(table)
+                chunk.kept, chunk.kept_index, counts, notes = validate(table)
                 chunk.dropped.update(counts)
+                chunk.notes = notes | chunk.notes
                 chunk.rows += len(table)
                 chunk.parsed = len(table)
                 if len(chunk.kept):
@@ -320,7 +321,7 @@ def process_split(name: str, chunks: Iterator, encoder: Encoder, writers: dict[s
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line of the step (see the contract)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--source", default="amazon_polarity",
+    p.add_argument("--source", default="fancyzhx/amazon_polarity",
                    help="sample[:N], s3://... (staged in --input-dir), a local folder, or a Hub dataset name")
     p.add_argument("--model-id", required=True, help="Hub id or local folder of the model's tokenizer")
     p.add_argument("--max-length", type=int, default=128)
@@ -370,10 +371,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stats["input"][name] = info
             log.info("%s: %s", name, json.dumps(info))
             where = "".join(f"; {note}" for note in info["notes"].values())
+            reasons = ", ".join(f"{k}={v}" for k, v in info["dropped"].items() if v)
             if info["rows_out"] == 0:
-                failures.append(f"{name}: no valid rows (of {info['rows_in']}){where}")
+                of = f"{info['rows_in']}: {reasons}" if reasons else info["rows_in"]
+                failures.append(f"{name}: no valid rows (of {of}){where}")
             elif info["bad_share"] > args.max_bad_share:
-                reasons = ", ".join(f"{k}={v}" for k, v in info["dropped"].items() if v)
                 failures.append(f"{name}: {info['dropped_total']} of {info['rows_in']} rows are bad "
                                 f"({info['bad_share']:.2%}: {reasons}), more than --max-bad-share "
                                 f"{args.max_bad_share:.2%}{where}")

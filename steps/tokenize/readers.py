@@ -16,7 +16,7 @@ _delta_log/), nor is save_to_disk's metadata (state.json...) beside its .arrow f
 the original release's train.csv / test.csv (polarity, title, text without one: a file whose first record is three
 fields, the first 1 or 2, and no known column name); quoted fields may hold line breaks; LF, CRLF and a UTF-8 BOM
 are fine.
-Files are streamed, never loaded whole (except a JSON file that holds one array, and a gzipped Arrow file).
+Files are streamed, never loaded whole (except a .json file that holds one JSON array, and a gzipped Arrow file).
 
 Rows in = physical records of the file. Every bad row is dropped and counted under the first of DROP_REASONS that
 applies; the readers drop (and note where the first of each was, as "file line N: what"):
@@ -73,6 +73,7 @@ DATA_SUFFIXES = (".csv", ".parquet", ".pq", ".jsonl", ".json", ".ndjson", ".arro
 SPLIT_KEYWORDS = {"train": {"train", "training"}, "test": {"test", "testing", "eval", "evaluation"}}
 WORD_SEPARATORS = re.compile(r"[-._ 0-9]+")
 # What Dataset(Dict).save_to_disk writes beside its .arrow files: metadata, not rows
+SOURCE_KEY = "source"  # schema metadata of a standardized table: the file (or Hub split) it came from
 SAVED_DATASET_METADATA = ("dataset_dict.json", "dataset_info.json", "state.json")
 ARROW_FILE_MAGIC = b"ARROW1"  # the start of an Arrow IPC file (the stream format has none)
 DEFAULT_SAMPLE_ROWS = 20_000
@@ -154,7 +155,7 @@ def _standardized(table: pa.Table, where: str, drops: Drops) -> pa.Table:
                   f"{where}: a title or content value that is not valid UTF-8 (row {int(np.argmax(invalid)) + 1} "
                   "of a chunk)")
         table = table.filter(pa.array(~invalid))
-    return table
+    return table.replace_schema_metadata({SOURCE_KEY: where})  # for validate's notes
 
 
 def _text(col: pa.ChunkedArray | pa.Array) -> tuple[pa.ChunkedArray | pa.Array, np.ndarray]:
@@ -186,8 +187,9 @@ def _release_labels(polarity: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _headerless_release(names: list[str]) -> bool:
-    """Whether a CSV "header" is the first record of the original release: polarity 1/2, title, text."""
-    return len(names) == 3 and names[0].strip() in ("1", "2") and not {n.lower() for n in names} & set(TEXT_NAMES)
+    """Whether a CSV "header" is the first record of the original release: polarity 1/2, title, text (a header's
+    first name is never 1 or 2; its title may be any word, "Review" or "Text" too)."""
+    return len(names) == 3 and names[0].strip() in ("1", "2")
 
 
 def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
@@ -203,7 +205,7 @@ def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
         column_types={v: pa.string() for c in TEXT_NAMES for v in (c, c.title(), c.upper())},
         strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=False)
     names = None
-    with pa.input_stream(str(path), compression="detect") as stream:
+    with pa.input_stream(str(path), compression="gzip" if _gzipped(path) else None) as stream:
         for block in RecordBlocks(stream.read, MAX_ROW_BYTES, str(path)):
             drops = Drops(block.dropped, block.notes)
             if not block.data:
@@ -231,7 +233,7 @@ def _parquet_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
     is read from its end."""
     with tempfile.TemporaryFile() as unpacked:
         source: Any = path
-        if path.name.endswith(".gz"):
+        if _gzipped(path):
             with gzip.open(path, "rb") as packed:
                 shutil.copyfileobj(packed, unpacked, READ_BYTES)
             source = unpacked
@@ -242,8 +244,7 @@ def _parquet_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
 def _arrow_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
     """Record batches of an Arrow IPC file: the stream format that datasets' save_to_disk and cache write, or the
     random-access file format (Feather v2). Memory-mapped; a gzipped one (.arrow.gz) is unpacked in memory."""
-    gzipped = path.name.endswith(".gz")
-    with pa.input_stream(str(path), compression="gzip") if gzipped else pa.memory_map(str(path)) as stream:
+    with pa.input_stream(str(path), compression="gzip") if _gzipped(path) else pa.memory_map(str(path)) as stream:
         data = stream.read_buffer()
         if data[:len(ARROW_FILE_MAGIC)].to_pybytes() == ARROW_FILE_MAGIC:
             reader = pa.ipc.open_file(data)
@@ -256,13 +257,18 @@ def _arrow_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
 
 
 def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
-    """JSON Lines read line by line as bytes (or a JSON array, read whole)."""
-    opener = gzip.open if path.name.endswith(".gz") else open
+    """JSON Lines read line by line as bytes (or a .json file that is one JSON array, read whole)."""
+    opener = gzip.open if _gzipped(path) else open
     with opener(path, "rb") as f:
         head = f.read(1 << 16).removeprefix(BOM).lstrip()
         f.seek(0)
-        if head.startswith(b"["):  # a JSON array rather than JSON Lines
-            rows = json.load(f)
+        rows = None
+        if head.startswith(b"[") and path.name.lower().removesuffix(".gz").endswith(".json"):
+            try:
+                rows = json.loads(f.read().removeprefix(BOM))
+            except json.JSONDecodeError:  # JSON Lines whose first line is an array: that line is a bad row
+                f.seek(0)
+        if isinstance(rows, list):
             for start in range(0, len(rows), CHUNK_ROWS):
                 drops, kept = Drops(), []
                 for i, row in enumerate(rows[start:start + CHUNK_ROWS], start):
@@ -364,12 +370,20 @@ def split_of(path: Path, root: Path) -> str | None:
 
 
 def _saved_dataset_metadata(path: Path) -> bool:
-    """A metadata file of a save_to_disk folder (its name, beside .arrow files)."""
-    return path.name in SAVED_DATASET_METADATA and any(path.parent.glob("*.arrow"))
+    """A metadata file of a save_to_disk folder: its name, beside .arrow files (a Dataset) or above folders of them
+    (a DatasetDict's dataset_dict.json)."""
+    return path.name in SAVED_DATASET_METADATA and (any(path.parent.glob("*.arrow"))
+                                                    or any(path.parent.glob("*/*.arrow")))
+
+
+def _gzipped(path: Path) -> bool:
+    return path.name.lower().endswith(".gz")
 
 
 def find_files(root: Path) -> dict[str, list[Path]]:
     """Data files under root, grouped by split; files of no split are listed in a warning."""
+    if root.is_file():
+        raise StepError(f"input folder {root} is a file: give the folder that holds it ({root.parent})")
     if not root.is_dir():
         raise StepError(f"input folder {root} does not exist")
     found: dict[str, list[Path]] = {"train": [], "test": []}
@@ -444,9 +458,9 @@ def limit_rows(chunks: Iterator[tuple[pa.Table | None, Drops]], limit: int | Non
             return
 
 
-def validate(table: pa.Table) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
+def validate(table: pa.Table) -> tuple[pa.Table, np.ndarray, dict[str, int], dict[str, str]]:
     """Keep rows with a 0/1 label and some text: return them (label int8), their row indices in the
-    chunk and the drop count per reason."""
+    chunk, the drop count per reason and, per reason, where and what its first dropped row was."""
     label = table["label"]
     if pa.types.is_boolean(label.type):
         label = pc.cast(label, pa.int8())
@@ -468,6 +482,14 @@ def validate(table: pa.Table) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
     counts = {"invalid_label": int(bad_label.sum()),
               "missing_content": int((missing & ~bad_label).sum()),
               "empty_text": int((empty & ~missing & ~bad_label).sum())}
+    source = (table.schema.metadata or {}).get(SOURCE_KEY.encode(), b"the data").decode()
+    notes = {}
+    for reason, mask, what in (("invalid_label", bad_label, "label {!r} is not 0/1, negative/positive or false/true"),
+                               ("missing_content", missing & ~bad_label, "no content (the column is empty)"),
+                               ("empty_text", empty & ~missing & ~bad_label, "neither a title nor content")):
+        if mask.any():
+            row = int(np.argmax(mask))
+            notes[reason] = f"{source} row {row + 1} of a chunk: " + what.format(table["label"][row].as_py())
     keep_mask = ~(bad_label | missing | empty)
     keep = pa.array(keep_mask)
     kept = pa.table({
@@ -475,4 +497,4 @@ def validate(table: pa.Table) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
         "title": pc.filter(pc.if_else(has_title, title, pa.scalar(None, pa.string())), keep),
         "content": pc.filter(table["content"], keep),
     })
-    return kept, np.flatnonzero(keep_mask), counts
+    return kept, np.flatnonzero(keep_mask), counts, notes

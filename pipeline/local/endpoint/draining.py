@@ -1,7 +1,7 @@
-"""A threading HTTP server that stops without dropping a request. Its handler calls `track()` (busy once a request
-line is read, idle between requests, None once closed) and answers with `Connection: close` while `draining`;
-`drain()`, once the server no longer accepts, waits for each connection to end after its next answer, then closes
-those still idle."""
+"""A threading HTTP server that stops without dropping a request. A connection is tracked from its accept until its
+socket is closed; its handler marks it busy once a request line is read (`track`) and answers with `Connection: close`
+while `draining`. `stop_serving()` stops accepting, answers the connections still queued at the listener, and
+`drain()`s: waits for each connection to end after its next answer, then closes those still idle."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from http.server import ThreadingHTTPServer
+from typing import Any
 
 DRAIN_SECONDS = 3.0  # stopping: how long idle keep-alive connections may bring one more request
 
@@ -22,6 +23,29 @@ class DrainingServer(ThreadingHTTPServer):
         super().server_activate()
         self.connections: dict[socket.socket, bool] = {}  # open connections: whether a request is being answered
         self.connections_lock = threading.Lock()
+
+    def process_request(self, request: socket.socket, client_address: Any) -> None:
+        self.track(request, False)  # from the accept: a connection whose thread has not started yet is waited for
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: socket.socket) -> None:
+        super().shutdown_request(request)
+        self.track(request, None)  # once closed: the process may exit without resetting it
+
+    def stop_serving(self, timeout: float) -> None:
+        """Stop accepting, answer the connections already queued at the listener (closing it would reset them),
+        close it, and `drain` (up to twice `timeout` seconds)."""
+        self.shutdown()
+        self.draining = True
+        self.socket.setblocking(False)
+        while True:
+            try:
+                request, client_address = self.get_request()
+            except OSError:  # none left waiting
+                break
+            self.process_request(request, client_address)
+        self.server_close()
+        self.drain(timeout)
 
     def track(self, connection: socket.socket, busy: bool | None) -> None:
         """Record a connection as busy (a request read), idle (between requests) or closed (None)."""

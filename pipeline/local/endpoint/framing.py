@@ -81,6 +81,8 @@ def _content_length(headers: Message) -> int | None:
 
 
 def _chunked(stream: _Stream) -> bytes:
+    """The chunks' data; a body over the limit is read away up to DRAIN_LIMIT (as a Content-Length one), so that
+    the client, still sending, gets the 413 and the connection serves on."""
     chunks, total = [], 0
     while True:
         match = _CHUNK_SIZE.fullmatch(stream.line())
@@ -90,13 +92,17 @@ def _chunked(stream: _Stream) -> bytes:
         if size == 0:
             break
         total += size
-        if total > MAX_PAYLOAD_BYTES:
+        if total > DRAIN_LIMIT:
             raise _too_large("")
-        chunks.append(stream.read(size))
+        data = stream.read(size)
+        if total <= MAX_PAYLOAD_BYTES:
+            chunks.append(data)
         if stream.line():
             raise FramingError(400, "ValidationError", "a chunk is longer than its size line says")
     for _ in range(MAX_TRAILERS):
         if not stream.line():
+            if total > MAX_PAYLOAD_BYTES:
+                raise _too_large(f" of {total} bytes", keep_alive=True)
             return b"".join(chunks)
     raise FramingError(400, "ValidationError", f"more than {MAX_TRAILERS} trailer lines")
 

@@ -1,7 +1,7 @@
 """The local endpoint's HTTP server: SageMaker's serving routes on 127.0.0.1, standard library only.
 
-Routes: `GET /ping` (200 once a model is loaded), `POST /invocations` (the container's own route) and
-`POST /endpoints/<name>/invocations` (SageMaker Runtime's route), so that
+Routes: `GET /ping` (200 once a model is loaded; HEAD too), `POST /invocations` (the container's own route) and
+`POST /endpoints/<name>/invocations` (SageMaker Runtime's route; another method is 405 with `Allow`), so that
 `boto3.client("sagemaker-runtime", endpoint_url=url).invoke_endpoint(EndpointName=name, ...)` works unchanged.
 Errors are JSON `{"error", "message", "detail"}` with the code in `x-amzn-ErrorType` too: a handler's error is the
 container's 400 `ModelError`, which SageMaker Runtime's route answers as its 424 with `OriginalStatusCode` 400 (the
@@ -42,6 +42,13 @@ ACCOUNT = "000000000000"
 _INVOKE_PATH = re.compile(r"/endpoints/([^/]+)/invocations")
 
 
+def allowed_methods(path: str) -> str | None:
+    """The methods a route answers (a 405's `Allow` header), None for an unknown path (404)."""
+    if path == "/ping":
+        return "GET, HEAD"
+    return "POST" if path == "/invocations" or _INVOKE_PATH.fullmatch(path) else None
+
+
 class _Server(DrainingServer):
     endpoint: LocalEndpoint
 
@@ -73,11 +80,6 @@ class _Handler(BaseHTTPRequestHandler):
         # Headers and body go out in two writes: with Nagle's algorithm the body of an answer on a kept-alive
         # connection would wait for the client's delayed ACK of the headers (40 ms on Linux).
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.server.track(self.connection, False)
-
-    def finish(self) -> None:
-        self.server.track(self.connection, None)
-        super().finish()
 
     def handle_one_request(self) -> None:
         try:
@@ -103,9 +105,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         name = "ValidationError" if code == 400 else HTTPStatus(code).phrase.title().replace(" ", "").replace("-", "")
         detail = f"{message}: {explain}" if message and explain else message or explain or HTTPStatus(code).phrase
-        self._error(EndpointError(int(code), name, detail), time.perf_counter())
+        allow = allowed_methods(urlsplit(getattr(self, "path", "") or "").path) if code == 405 else None
+        self._error(EndpointError(int(code), name, detail), time.perf_counter(), {"Allow": allow} if allow else {})
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        """GET /ping, and HEAD of any route: GET's status and headers without the body (RFC 9110, 9.3.2)."""
         started = time.perf_counter()
         self._unread_body()
         path = urlsplit(self.path).path
@@ -121,10 +125,10 @@ class _Handler(BaseHTTPRequestHandler):
                     JSON_TYPE,
                     started,
                 )
-        elif path in ("/invocations",) or _INVOKE_PATH.fullmatch(path):
-            self._error(EndpointError(405, "MethodNotAllowed", f"use POST {path}"), started)
         else:
-            self._error(EndpointError(404, "NotFound", f"no route {path}: use GET /ping or POST /invocations"), started)
+            self._refuse(path, started)
+
+    do_HEAD = do_GET  # noqa: N815
 
     def do_POST(self) -> None:  # noqa: N802
         started = time.perf_counter()
@@ -134,11 +138,8 @@ class _Handler(BaseHTTPRequestHandler):
             match = _INVOKE_PATH.fullmatch(path)
             self.runtime_route = bool(match)
             if path != "/invocations" and not match:
-                raise EndpointError(
-                    404,
-                    "NotFound",
-                    f"no route {path}: use POST /invocations or POST /endpoints/{endpoint.name}/invocations",
-                )
+                self._unread_body()
+                return self._refuse(path, started)
             body = self._read_body()
             if match and unquote(match[1]) != endpoint.name:
                 raise EndpointError(
@@ -161,9 +162,19 @@ class _Handler(BaseHTTPRequestHandler):
         except EndpointError as error:
             self._error(error, started)
 
+    def _refuse(self, path: str, started: float) -> None:
+        """A request its route does not answer: 405 with the route's `Allow`, or 404 for an unknown path."""
+        allow = allowed_methods(path)
+        if allow is None:
+            error = EndpointError(404, "NotFound", f"no route {path}: use GET /ping, POST /invocations or "
+                                  f"POST /endpoints/{self.server.endpoint.name}/invocations")
+            return self._error(error, started)
+        self._error(EndpointError(405, "MethodNotAllowed", f"{self.command} {path}: use {allow}"), started,
+                    {"Allow": allow})
+
     def _method_not_allowed(self) -> None:
         self._unread_body()
-        self._error(EndpointError(405, "MethodNotAllowed", f"{self.command} is not supported"), time.perf_counter())
+        self._refuse(urlsplit(self.path).path, time.perf_counter())
 
     do_PUT = do_DELETE = do_PATCH = _method_not_allowed  # noqa: N815
 
@@ -179,14 +190,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = self.close_connection or not error.keep_alive
             raise
 
-    def _error(self, error: EndpointError, started: float) -> None:
+    def _error(self, error: EndpointError, started: float, headers: dict[str, str] | None = None) -> None:
         runtime_model_error = error.code == "ModelError" and self.runtime_route
         self._send(
             424 if runtime_model_error else error.status,
             json.dumps(error.body()).encode(),
             JSON_TYPE,
             started,
-            {"x-amzn-ErrorType": error.code},
+            {"x-amzn-ErrorType": error.code, **(headers or {})},
             note=error.message,
         )
 
@@ -219,7 +230,8 @@ class _Handler(BaseHTTPRequestHandler):
             f" ({note})" if note else "",
         )
         self.end_headers()
-        self.wfile.write(payload)
+        if getattr(self, "command", None) != "HEAD":
+            self.wfile.write(payload)
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         pass  # _send logs one line per request
@@ -310,12 +322,10 @@ class LocalEndpoint:
             model.release()
 
     def stop(self, drain: float = DRAIN_SECONDS) -> None:
-        """Stop accepting, let open connections finish (see `_Server.drain`, up to twice `drain` seconds), and
-        unload the model."""
+        """Stop accepting, let open connections finish (see `DrainingServer.stop_serving`, up to twice `drain`
+        seconds), and unload the model."""
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server.drain(drain)
+            self._server.stop_serving(drain)
             self._server = None
         if self._thread is not None:
             self._thread.join(timeout=10)
