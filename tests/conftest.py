@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import sys
 
 import pytest
 
@@ -20,6 +21,10 @@ OFFLINE_ENV = {
     "SAGEMAKER_VALIDATE_ROLE": "false",
 }
 os.environ.update(OFFLINE_ENV)
+# The tests start about 200 Python processes: each reads the project's compiled modules instead of compiling them
+# anew (a machine that sets PYTHONDONTWRITEBYTECODE, as the build machines do, would compile them every time).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 for var in (
     "AWS_PROFILE",
     "AWS_ENDPOINT_URL",
@@ -29,6 +34,24 @@ for var in (
 ):
     os.environ.pop(var, None)
 
+
+
+def _share_botocore_data_loader() -> None:
+    """Every botocore session of the test process reads AWS's service models through one loader, which keeps what
+    it parsed: the tests make hundreds of sessions (moto's, the SDK's, the CLI's), and parsing SageMaker's model
+    anew costs each about 0.1 s. The models are read-only data; nothing else is shared."""
+    import botocore.loaders
+    import botocore.session
+
+    loader = botocore.loaders.create_loader()
+
+    def register(session: botocore.session.Session) -> None:
+        session._components.lazy_register_component("data_loader", lambda: loader)
+
+    botocore.session.Session._register_data_loader = register
+
+
+_share_botocore_data_loader()
 BLOCKED: list[object] = []
 _connect = socket.socket.connect
 
@@ -53,6 +76,13 @@ def _guarded_connect(self: socket.socket, address: object) -> None:
 
 
 socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A slow test (a whole local run, a torchrun launch) may take up to 10 minutes before it counts as hung."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(600))
 
 
 @pytest.fixture(scope="session", autouse=True)

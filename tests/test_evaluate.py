@@ -143,6 +143,7 @@ def evaluate(model: Path, test: Path, out: Path, *extra: str, batch_size: int = 
     return json.loads((out / "evaluation.json").read_text())
 
 
+@pytest.mark.slow  # the whole Evaluate step as a process
 def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tmp_path: Path) -> None:
     """No predictions in the artifact: every test row is scored here on CPU."""
     rows = random_rows(40, seed=3)

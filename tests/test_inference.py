@@ -458,6 +458,7 @@ def serve_without_onnxruntime(model: Path) -> tuple[dict, str]:
     return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
 
 
+@pytest.mark.slow  # three handler processes in an image-like environment
 def test_an_image_without_onnxruntime_uses_the_copy_in_the_artifact(graphs: Path, tmp_path: Path) -> None:
     import onnxruntime
 

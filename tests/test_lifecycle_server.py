@@ -35,6 +35,7 @@ def server(tmp_path, no_network):
     moto.stop()
 
 
+@pytest.mark.slow  # the console script, one process per command
 def test_approve_promote_endpoints_reject_through_the_console_script(server):
     url, runtime_url, report = server
 

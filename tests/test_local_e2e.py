@@ -26,6 +26,8 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.local.backend import LocalBackend
 
+pytestmark = pytest.mark.slow  # whole local runs
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_ROWS = 80  # sample:800 has 800 // 10 test rows, balanced
 # Better than chance on TEST_ROWS balanced rows: P(accuracy >= 0.7) for a coin is 0.0002 (measured here: 0.91).

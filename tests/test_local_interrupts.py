@@ -100,6 +100,7 @@ class Run:
             self.cli.wait()
 
 
+@pytest.mark.slow  # a local run, interrupted
 def test_sigterm_stops_the_step_as_ctrl_c_does_and_leaves_no_process(account):
     run = Run(account)
     try:
@@ -116,6 +117,7 @@ def test_sigterm_stops_the_step_as_ctrl_c_does_and_leaves_no_process(account):
         run.cleanup()
 
 
+@pytest.mark.slow  # a local run, interrupted
 def test_after_sigkill_the_next_status_fails_the_execution_and_stops_what_is_left(account, capsys):
     """The CLI and its guardian are both SIGKILLed: the job trains on, unwatched, until a command reads the record."""
     run = Run(account)

@@ -25,6 +25,8 @@ from pipeline.config import load_config
 from pipeline.local.backend import LocalBackend
 from pipeline.local.execution import Execution
 
+pytestmark = pytest.mark.slow  # whole local runs, interrupted and retried
+
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = b'raise SystemExit("evaluate.py: broken on purpose")\n'
 CHANGED = ("--set", "evaluation.sample_size=12")  # Evaluate's arguments change: another definition

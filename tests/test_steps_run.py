@@ -120,6 +120,7 @@ def version(python: Path, module: str) -> str:
                           text=True, check=True).stdout.strip()
 
 
+@pytest.mark.slow  # pip installs into an image-like venv
 def test_a_plain_pip_install_would_upgrade_what_the_image_ships(image):
     python, wheels = image
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), "needed"],
@@ -127,6 +128,7 @@ def test_a_plain_pip_install_would_upgrade_what_the_image_ships(image):
     assert version(python, "shipped") == "2.0"  # the defect run.py must not have
 
 
+@pytest.mark.slow  # pip installs into an image-like venv
 def test_pip_adds_a_version_that_fits_the_image_and_changes_nothing(image):
     python, wheels = image
     wheel(wheels, "needed", "0.9", ("shipped>=1",))
@@ -135,6 +137,7 @@ def test_pip_adds_a_version_that_fits_the_image_and_changes_nothing(image):
     assert (version(python, "needed"), version(python, "shipped")) == ("0.9", "1.0")
 
 
+@pytest.mark.slow  # pip installs into an image-like venv
 def test_no_version_that_fits_is_a_one_line_error_and_changes_nothing(image):
     python, wheels = image
     proc = ensure(python, wheels)
@@ -144,6 +147,7 @@ def test_no_version_that_fits_is_a_one_line_error_and_changes_nothing(image):
     assert version(python, "shipped") == "1.0"
 
 
+@pytest.mark.slow  # pip installs into an image-like venv
 def test_a_package_that_installs_but_does_not_import_is_a_one_line_error(image):
     python, wheels = image
     wheel(wheels, "broken", "1.0", body="raise ImportError('broken requires NumPy 2.0 or newer, found 1.26.4')")

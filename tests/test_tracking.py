@@ -175,6 +175,7 @@ tracking.Tracker("Train", {"MLFLOW_TRACKING_URI": sys.argv[2], "MLFLOW_EXPERIMEN
 """
 
 
+@pytest.mark.slow  # two local executions
 def test_two_executions_starting_together_on_a_new_local_store_are_both_tracked(tmp_path):
     """MLflow migrates a new SQLite store on first use; two first steps at the same instant both did it (one failed
     with "table experiments already exists" and its step went untracked)."""

@@ -119,6 +119,7 @@ def runs(workspace: Path) -> dict[str, str]:
     return logs
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_learns_and_logs_contract_lines(runs):
     log = runs["reference"]
     lines = LOG_LINE.findall(log)
@@ -133,6 +134,7 @@ def test_learns_and_logs_contract_lines(runs):
     assert "ignoring unknown arguments ['--some-future-key', '1']" in log
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_artifact_reloads_and_serves(workspace, runs):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -168,6 +170,7 @@ def test_artifact_reloads_and_serves(workspace, runs):
     )
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_sigterm_then_resume_ends_with_identical_weights(workspace, runs):
     out = workspace / "interrupted"
     stopped = int(re.search(r"stopping on SIGTERM at step=(\d+)", runs["interrupted"]).group(1))
@@ -237,6 +240,7 @@ def test_checkpoints_reuse_a_fixed_number_of_files(tmp_path):
     assert train.load_latest_checkpoint(tmp_path)[0]["step"] == 45
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_test_predictions_cover_the_whole_test_split(workspace, runs):
     import pyarrow.parquet as pq
 
@@ -278,6 +282,7 @@ def test_neuron_environment_for_single_and_multi_node(tmp_path):
         train.neuron_environment({**one_small, "SM_HOSTS": '["algo-1", "algo-2"]'}, tmp_path)
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_every_metric_definition_reads_a_number_from_the_real_log(workspace, runs):
     """SageMaker applies each regex of the TrainingStep's MetricDefinitions to the log lines train.py prints."""
     from steps.contract import METRIC_DEFINITIONS, STATS_FILE, STATS_METRICS
@@ -305,6 +310,7 @@ rt.end()
 """
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_every_rank_starts_from_the_same_head_whatever_its_generator(workspace, tmp_path):
     """Two gloo ranks under torchrun whose default generators differ: the explicit seed gives both the same fresh
     classifier head (on XLA no DDP broadcasts it)."""
@@ -329,6 +335,7 @@ def test_splits_stay_narrow_in_memory_and_batches_are_int64(workspace):
     assert batch["labels"].tolist()[4:] == [-1, -1] and batch["input_ids"][0, 0] == int(split.input_ids[0])
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_checkpoints_also_on_the_clock(workspace, tmp_path):
     """--checkpoint-minutes: a checkpoint at the first log line after the interval ran out, with step checkpoints
     off; all ranks agree on it (2 ranks)."""
@@ -359,6 +366,7 @@ def test_a_training_given_the_folder_of_a_finished_one_starts_afresh(tmp_path):
     assert (folder / "slot-0" / "COMPLETE").exists()  # rewritten, not deleted: S3's copy would come back
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_a_finished_training_marks_its_folder_finished(workspace, runs):
     out = workspace / "interrupted"
     assert (out / "checkpoints" / "TRAINING").read_text() == "finished\n"
@@ -410,6 +418,7 @@ def test_a_gloo_rank_ends_at_once_without_finalizing_the_interpreter(tmp_path, c
     assert done.stdout == "ending", done.stdout
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_a_sigterm_far_from_the_next_read_out_still_checkpoints(workspace):
     """torchrun SIGKILLs its workers 30 s after forwarding a SIGTERM (the local runner sooner): with the next log
     read-out far away, the ranks agree on the stop between read-outs, checkpoint and exit 143."""

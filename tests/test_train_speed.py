@@ -4,6 +4,7 @@ a mask, and the per-device batch and learning rate the config chooses."""
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,9 @@ def test_compile_is_refused_on_xla_and_on_by_default_only_for_cuda(train):
     assert not train.setup(train.parse_args(["--bf16", "false"])).compile  # CPU here: auto is off
 
 
+@pytest.mark.slow  # an Inductor compile
+@pytest.mark.skipif(not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")),
+                    reason="Inductor's CPU backend compiles C++: no C++ compiler (g++ or clang++) here")
 def test_compiled_loop_takes_one_graph_for_every_length_and_caches_it_beside_the_checkpoints(train, tmp_path):
     """`--compile True` on CPU, the Inductor path CUDA takes (less Triton): batches of many padded lengths cost one
     graph, and one more for an unpadded batch's mask-free call, not one per length; training_stats.json counts the

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,11 +56,13 @@ def explained(action: str) -> Iterator[None]:
 
 
 class Aws:
-    """boto3 clients for one region, with adaptive retries for throttling."""
+    """boto3 clients for one region, with adaptive retries for throttling (8 attempts) unless the environment sets
+    botocore's own AWS_RETRY_MODE or AWS_MAX_ATTEMPTS."""
 
     def __init__(self, region: str) -> None:
         self.session = boto3.Session(region_name=region)
-        self._config = BotoConfig(retries={"mode": "adaptive", "max_attempts": 8})
+        chosen = {"AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS"} & set(os.environ)
+        self._config = BotoConfig(retries=None if chosen else {"mode": "adaptive", "max_attempts": 8})
         self._clients: dict[str, Any] = {}
 
     def client(self, service: str) -> Any:

@@ -111,12 +111,13 @@ def write_artifact(model_dir: Path, archive: Path | None, inference: dict[str, A
 
 
 def pack(model_dir: Path, archive: Path, leave_out: set[str] = frozenset()) -> Path:
-    """model_dir as a model.tar.gz with its files at the archive root, without the relative paths in leave_out."""
+    """model_dir as a model.tar.gz with its files at the archive root, without the relative paths in leave_out and
+    without the bytecode that importing the handler here left beside it (compiled for this Python, not the image's)."""
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz", compresslevel=6) as tar:
         for path in sorted(model_dir.rglob("*")):
             name = path.relative_to(model_dir).as_posix()
-            if path.is_file() and name not in leave_out:
+            if path.is_file() and name not in leave_out and "__pycache__" not in path.relative_to(model_dir).parts:
                 tar.add(path, arcname=name)
     return archive
 
