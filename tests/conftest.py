@@ -40,9 +40,11 @@ def _share_botocore_data_loader() -> None:
     """Every botocore session of the test process reads AWS's service models through one loader, which keeps what
     it parsed: the tests make hundreds of sessions (moto's, the SDK's, the CLI's), and parsing SageMaker's model
     anew costs each about 0.1 s. The models are read-only data; nothing else is shared."""
-    import botocore.loaders
-    import botocore.session
-
+    try:  # the image environments (XLA, serving compat) have no botocore
+        import botocore.loaders
+        import botocore.session
+    except ImportError:
+        return
     loader = botocore.loaders.create_loader()
 
     def register(session: botocore.session.Session) -> None:

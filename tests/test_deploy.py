@@ -12,6 +12,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+from aws_shapes import service_error, validated
 from moto import mock_aws
 
 from pipeline.code import bundles
@@ -57,7 +58,7 @@ class RecordingClient:
         return getattr(self._client, name)
 
     def update_endpoint(self, **kwargs):
-        self.updates.append(kwargs)
+        self.updates.append(validated(self._client, "update_endpoint", kwargs))
         self._endpoints[kwargs["EndpointName"]].endpoint_config_name = kwargs["EndpointConfigName"]
         return {"EndpointArn": f"arn:aws:sagemaker:{REGION}:123456789012:endpoint/{kwargs['EndpointName']}"}
 
@@ -245,10 +246,6 @@ def test_an_autoscaled_update_keeps_the_instance_count_or_deregisters_for_a_new_
         deploy_step.apply_autoscaling(aas, ENDPOINT, 3, 2, 70)
 
 
-def client_error(code: str, message: str, operation: str):
-    from botocore.exceptions import ClientError
-
-    return ClientError({"Error": {"Code": code, "Message": message}}, operation)
 
 
 class RacingClient(RecordingClient):
@@ -263,8 +260,9 @@ class RacingClient(RecordingClient):
     def describe_endpoint(self, **kwargs):
         self.describes += 1
         if self.hide_endpoint and self.describes == 1:
-            raise client_error("ValidationException", f"Could not find endpoint \"{kwargs['EndpointName']}\".",
-                               "DescribeEndpoint")
+            validated(self._client, "describe_endpoint", kwargs)
+            raise service_error(self._client, "describe_endpoint", "ValidationException",
+                                f"Could not find endpoint \"{kwargs['EndpointName']}\".")
         described = self._client.describe_endpoint(**kwargs)
         if self.pending and self.describes > 1:
             described["EndpointStatus"] = "Updating"
@@ -272,16 +270,17 @@ class RacingClient(RecordingClient):
         return described
 
     def update_endpoint(self, **kwargs):
-        self.updates.append(kwargs)
-        raise client_error("ValidationException", "Cannot update in-progress endpoint", "UpdateEndpoint")
+        self.updates.append(validated(self._client, "update_endpoint", kwargs))
+        raise service_error(self._client, "update_endpoint", "ValidationException",
+                            "Cannot update in-progress endpoint")
 
     def create_endpoint(self, **kwargs):
         """SageMaker refuses a second CreateEndpoint of one name; moto overwrites the endpoint instead."""
         name = kwargs["EndpointName"]
         if name in self._endpoints:
             arn = f"arn:aws:sagemaker:{REGION}:123456789012:endpoint/{name}"
-            raise client_error("ValidationException", f'Cannot create already existing endpoint "{arn}".',
-                               "CreateEndpoint")
+            raise service_error(self._client, "create_endpoint", "ValidationException",
+                                f'Cannot create already existing endpoint "{arn}".')
         return self._client.create_endpoint(**kwargs)
 
 
@@ -326,8 +325,8 @@ class RefusingClient(RecordingClient):
         self.message = message
 
     def update_endpoint(self, **kwargs):
-        self.updates.append(kwargs)
-        raise client_error("ValidationException", self.message, "UpdateEndpoint")
+        self.updates.append(validated(self._client, "update_endpoint", kwargs))
+        raise service_error(self._client, "update_endpoint", "ValidationException", self.message)
 
 
 @pytest.mark.parametrize("message", [
@@ -347,17 +346,35 @@ def test_an_update_refused_for_its_own_reason_says_that_reason_not_a_race(sm, me
 
 
 class MissingPackageClient(RecordingClient):
+    """DescribeModelPackage answers `code` with `message`, parsed by botocore as SageMaker's answer would be."""
+
+    def __init__(self, client, backend_endpoints, code: str, message: str):
+        super().__init__(client, backend_endpoints)
+        self.code, self.message = code, message
+
     def describe_model_package(self, **kwargs):
-        name = kwargs["ModelPackageName"]
-        raise client_error("ValidationException", f"ModelPackage {name} does not exist.", "DescribeModelPackage")
+        validated(self._client, "describe_model_package", kwargs)
+        raise service_error(self._client, "describe_model_package", self.code, self.message)
 
 
-def test_a_package_that_does_not_exist_is_a_deploy_error(sm):
+@pytest.mark.parametrize(("code", "message"), [
+    ("ValidationException", "ModelPackage {arn} does not exist."),
+    ("ValidationException", "Could not find model package {arn}."),
+    ("ResourceNotFound", "Model package {arn} not found."),
+    ("ValidationException", "Model package group trainium-bert has no version 7."),  # any other wording
+])
+def test_a_package_that_does_not_exist_is_a_deploy_error(sm, code, message):
+    """Whatever SageMaker's wording, a missing package is a DeployError naming it, and nothing is deployed; the
+    ways SageMaker says "missing" read as such. moto's own answer is one more case."""
     arn = f"arn:aws:sagemaker:{REGION}:123456789012:model-package/{GROUP}/7"
-    with pytest.raises(deploy_step.DeployError, match="does not exist: nothing was deployed"):
-        deploy_step.deploy(MissingPackageClient(sm._client, sm._endpoints), arn, ENDPOINT)
+    with pytest.raises(deploy_step.DeployError, match=f"model package {arn}") as refused:
+        deploy_step.deploy(MissingPackageClient(sm._client, sm._endpoints, code, message.format(arn=arn)), arn,
+                           ENDPOINT)
+    said_missing = "does not exist" in message or "Could not find" in message or code == "ResourceNotFound"
+    assert ("does not exist: nothing was deployed" in str(refused.value)) == said_missing
+    assert said_missing or message.format(arn=arn) in str(refused.value)
     with pytest.raises(deploy_step.DeployError, match=f"model package {arn}"):
-        deploy_step.deploy(sm, arn, ENDPOINT)  # whatever moto answers for it
+        deploy_step.deploy(sm, arn, ENDPOINT)  # moto's answer
     assert counts(sm) == (0, 0, 0)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+from aws_shapes import service_error, validated
 from botocore.exceptions import ClientError
 from fixtures_lifecycle import toy_version
 
@@ -49,16 +50,16 @@ class Service:
         return getattr(self._client, name)
 
     def create_endpoint(self, **kwargs):
-        answer = self._client.create_endpoint(**kwargs)
+        answer = self._client.create_endpoint(**kwargs)  # moto: botocore validates the request
         self._endpoints[kwargs["EndpointName"]].endpoint_status = "Creating"
         return answer
 
     def update_endpoint(self, **kwargs):
-        self.updates.append(kwargs)
+        self.updates.append(validated(self._client, "update_endpoint", kwargs))
         endpoint = self._endpoints[kwargs["EndpointName"]]
         if endpoint.endpoint_status != "InService":
-            raise ClientError({"Error": {"Code": "ValidationException", "Message": "Cannot update in-progress "
-                                         "endpoint"}}, "UpdateEndpoint")
+            raise service_error(self._client, "update_endpoint", "ValidationException",
+                                "Cannot update in-progress endpoint")
         self._pending[kwargs["EndpointName"]] = kwargs["EndpointConfigName"]
         endpoint.endpoint_status = "Updating"
         return {"EndpointArn": endpoint.arn}

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,6 @@ import torch
 from fixtures_train import make_tiny_model, write_split
 
 from pipeline.config import load_config
-from pipeline.cost import merge_stats
 from pipeline.devices import REFERENCE_GLOBAL_BATCH, REFERENCE_LEARNING_RATE, default_batch_size, device_kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +94,11 @@ def test_unpadded_batch_without_a_mask_gives_the_same_logits(train, tmp_path):
 def test_compile_is_refused_on_xla_and_on_by_default_only_for_cuda(train):
     assert train.parse_args([]).compile == "auto"
     assert not train.setup(train.parse_args(["--bf16", "false"])).compile  # CPU here: auto is off
+    assert {kind: train.compile_choice("auto", kind) for kind in ("cuda", "neuron", "cpu", "xla")} == {
+        "cuda": True, "neuron": True, "cpu": False, "xla": False}
+    assert train.compile_choice("True", "cpu") and not train.compile_choice("false", "cuda")
+    with pytest.raises(ValueError, match="XLA compiles every graph already"):
+        train.compile_choice("true", "xla")
 
 
 @pytest.mark.slow  # an Inductor compile
@@ -158,8 +163,40 @@ def test_a_bad_batch_names_the_field():
         load_config(ROOT / "pipeline.yaml", ["training.batch_size=fast"], environ={})
 
 
-def test_cost_and_compare_read_steady_state_and_warmup_apart():
-    stats = merge_stats({"samples": 1000, "samples_per_sec": 500.0, "samples_per_sec_with_warmup": 100.0,
-                         "warmup_s": 8.0, "compile_s": 6.5}, {})
+def test_cost_and_compare_read_steady_state_and_warmup_apart(tmp_path):
+    """A training job's output.tar.gz in S3, as train.py writes it: `cost` and `compare` read its steady-state rate,
+    its rate with the warm-up and the warm-up apart, and fill what it lacks from the job's final metrics."""
+    import boto3
+    from moto import mock_aws
+
+    from pipeline.compare.report import Row
+    from pipeline.cost import ExecutionCost
+    from pipeline.prices import JobCost
+    from pipeline.sagemaker.aws import Aws
+    from pipeline.sagemaker.cost import sagemaker_training_stats
+    from pipeline.views import throughput_lines
+
+    written = {"samples": 1000, "samples_per_sec": 500.0, "samples_per_sec_with_warmup": 100.0, "warmup_s": 8.0,
+               "compile_s": 6.5, "train_loss": 0.25}
+    (tmp_path / "training_stats.json").write_text(json.dumps(written))
+    with tarfile.open(tmp_path / "output.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "training_stats.json", arcname="training_stats.json")
+    described = {"TrainingJobName": "train-1", "OutputDataConfig": {"S3OutputPath": "s3://bucket-1/p/model"},
+                 "FinalMetricDataList": [{"MetricName": "test:accuracy", "Value": 0.9},
+                                         {"MetricName": "train:samples_per_sec", "Value": 1.0}]}
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket-1")
+        boto3.client("s3", region_name="us-east-1").upload_file(str(tmp_path / "output.tar.gz"), "bucket-1",
+                                                                "p/model/train-1/output/output.tar.gz")
+        stats = sagemaker_training_stats(Aws("us-east-1"), described)
     assert (stats.samples_per_sec, stats.samples_per_sec_with_warmup, stats.warmup_s, stats.compile_s) == (
+        500.0, 100.0, 8.0, 6.5)  # the file's steady state, not the final metric's 1.0
+    assert (stats.test_accuracy, stats.source) == (0.9, "training_stats.json + final metrics")
+    job = JobCost("Train", "train-1", "Training", "ml.trn1.32xlarge", 1, 3600.0, "billable", 21.5)
+    lines = throughput_lines(ExecutionCost("e-1", "sagemaker", "USD", [job], stats))
+    assert lines[0].startswith("training throughput: 500.0 samples/s steady state (100.0 with the warm-up); "
+                               "warm-up 8.0 s (compiling 6.5 s); samples trained: 1,000"), lines
+    row = Row(job, 3700.0, stats, 64, 16).to_dict()
+    assert (row["samples_per_sec"], row["samples_per_sec_with_warmup"], row["warmup_s"], row["compile_s"]) == (
         500.0, 100.0, 8.0, 6.5)
+    assert row["cost_per_million_samples"] == 21.5 / 1000 * 1e6

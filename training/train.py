@@ -428,6 +428,16 @@ def device_type_for(backend: str, xla: bool, neuron: bool, cuda: bool) -> str:
     return "xla" if xla else "cuda" if cuda else "cpu"
 
 
+def compile_choice(requested: str, device_type: str) -> bool:
+    """--compile: True or False, or auto: on for CUDA and TorchNeuron, off for the CPU; refused on XLA, which
+    compiles every graph already."""
+    compiled = requested.lower() == "true" or (requested.lower() == "auto" and device_type in ("cuda", "neuron"))
+    if compiled and device_type == "xla":
+        raise ValueError("--compile True: XLA compiles every graph already "
+                         "(torch.compile is for CUDA, CPU and TorchNeuron)")
+    return compiled
+
+
 def setup(args: argparse.Namespace) -> Runtime:
     """Pick the device, join the process group, and set the device's environment."""
     distributed = "RANK" in os.environ
@@ -461,10 +471,7 @@ def setup(args: argparse.Namespace) -> Runtime:
         if distributed:
             dist.init_process_group("gloo")
     bf16 = args.bf16.lower() == "true" or (args.bf16.lower() == "auto" and device_type != "cpu")
-    compiled = args.compile.lower() == "true" or (args.compile.lower() == "auto" and device_type in ("cuda", "neuron"))
-    if compiled and device_type == "xla":
-        raise ValueError("--compile True: XLA compiles every graph already "
-                         "(torch.compile is for CUDA, CPU and TorchNeuron)")
+    compiled = compile_choice(args.compile, device_type)
     if compiled and device_type in ("cuda", "cpu"):
         os.environ.update(inductor_environment(dict(os.environ), Path(args.checkpoint_dir)))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
