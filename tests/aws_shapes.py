@@ -3,7 +3,7 @@
 moto answers most calls, and botocore validates those requests before they reach it. Where a test answers a call
 by hand (moto lacks UpdateEndpoint, or the test plays a race), `validated` checks the request against the
 operation's input shape exactly as botocore does before it sends one, and `service_error` builds the error
-through botocore's own parser from the body the service sends (JSON protocol), so the code under test sees what it
+through botocore's own parser from the body the service sends (JSON, or S3's XML), so the code under test sees what it
 would see from SageMaker.
 """
 
@@ -29,8 +29,12 @@ def service_error(client: Any, method: str, code: str, message: str, status: int
     """The ClientError botocore raises when the service answers `status` with error `code` and `message`."""
     model = client.meta.service_model
     operation = model.operation_model(client.meta.method_to_api_mapping[method])
-    body = json.dumps({"__type": code, "message": message}).encode()
-    headers = {"content-type": f"application/x-amz-json-{model.metadata.get('jsonVersion', '1.1')}"}
+    if model.protocol == "rest-xml":  # S3
+        body = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
+        headers = {"content-type": "application/xml"}
+    else:
+        body = json.dumps({"__type": code, "message": message}).encode()
+        headers = {"content-type": f"application/x-amz-json-{model.metadata.get('jsonVersion', '1.1')}"}
     parsed = create_parser(model.protocol).parse({"status_code": status, "headers": headers, "body": body},
                                                  operation.output_shape)
     return ClientError(parsed, operation.name)

@@ -487,6 +487,35 @@ def test_a_claim_released_while_being_taken_over_is_claimed_afresh_though_s3_say
     assert not account.claim(key)  # held again
 
 
+def test_a_409_on_a_conditional_write_is_tried_again_and_only_a_412_means_another_claimant_won(world, monkeypatch):
+    """S3 answers a conditional PutObject 409 ConditionalRequestConflict when a conflicting operation ran during the
+    upload (try again) and 412 PreconditionFailed when the condition no longer holds (the other claimant won)."""
+    monkeypatch.setattr(account_module.time, "sleep", lambda seconds: None)
+    account = world.account
+    put_object, answers = account.s3.put_object, []
+
+    def conflicting(*codes: str):
+        answers[:] = list(codes)
+
+        def put(**kwargs):
+            validated(account.s3, "put_object", kwargs)
+            if answers:
+                code = answers.pop(0)
+                raise service_error(account.s3, "put_object", code, f"{code} on purpose",
+                                    409 if code == "ConditionalRequestConflict" else 412)
+            return put_object(**kwargs)
+        return put
+
+    account.s3.put_object = conflicting("ConditionalRequestConflict", "ConditionalRequestConflict")
+    assert account.claim("events/conflicted") and answers == []  # third attempt: claimed
+    assert not account.claim("events/conflicted")  # it exists: S3 says 412, a duplicate
+    account.s3.put_object = conflicting("PreconditionFailed")
+    assert not account.claim("events/won-elsewhere") and answers == []  # no retry of a 412
+    account.s3.put_object = conflicting(*["ConditionalRequestConflict"] * account_module.CONFLICT_ATTEMPTS)
+    with pytest.raises(ClientError, match="ConditionalRequestConflict"):
+        account.claim("events/never-settles")  # the invocation fails, and Lambda retries it
+
+
 def test_a_failed_invocation_releases_its_state_change_for_the_retry(world):
     world.register()
     event = world.approve(1)

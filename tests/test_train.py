@@ -390,6 +390,32 @@ def test_native_backend_takes_the_shared_loop_on_device_neuron():
     assert not cpu.fixed_shapes and cpu.compile_options() == {"dynamic": True}
 
 
+def test_the_native_path_imports_torch_neuronx_and_joins_the_neuron_backend(monkeypatch, tmp_path):
+    """As Neuron's torch-distributed guide: `import torch_neuronx` (which registers the device and the distributed
+    backend "neuron") before the device is looked for, then init_process_group(backend="neuron")."""
+    import types
+
+    train = load_train_module()
+    assert not train.neuron_available()  # no TorchNeuron here
+    (tmp_path / "torch_neuronx.py").write_text("")  # registers "neuron" when imported (see is_available below)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    joined, devices = [], []
+    monkeypatch.setattr(train.torch, "accelerator", types.SimpleNamespace(
+        is_available=lambda: "torch_neuronx" in sys.modules, set_device_index=devices.append,
+        current_accelerator=lambda: types.SimpleNamespace(type="neuron")))
+    monkeypatch.setattr(train.torch, "device", lambda kind, index=None: (kind, index))
+    monkeypatch.setattr(train.dist, "init_process_group", lambda *args, **kwargs: joined.append((args, kwargs)))
+    monkeypatch.setattr(train.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(train.dist, "get_world_size", lambda: 2)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delitem(sys.modules, "torch_neuronx", raising=False)
+    rt = train.setup(train.parse_args(["--backend", "native"]))
+    assert (rt.device_type, rt.device, rt.rank, rt.world_size) == ("neuron", ("neuron", 1), 1, 2)
+    assert joined == [((), {"backend": "neuron"})] and devices == [1]
+    monkeypatch.delitem(sys.modules, "torch_neuronx")
+
+
 GLOO_RANK_ENDS = """
 import atexit, importlib.util, os, sys, torch
 spec = importlib.util.spec_from_file_location("train", sys.argv[1])

@@ -47,9 +47,9 @@ the Evaluate step takes the whole-test-split metrics without scoring 400k review
 XLA specifics: MpDeviceLoader, no host sync inside the step (the loss is summed on device and read every
 --log-interval steps), bf16 autocast (compiled with --auto-cast=none so that only autocast decides precision),
 the Neuron compile cache at $NEURON_COMPILE_CACHE_URL or else inside the checkpoint folder, the EFA settings of
-multi-node jobs (see neuron_environment), the gradient all-reduce in bf16, and ``--precompile True`` for
-neuron_parallel_compile (the pipeline's Precompile step): every graph of the run traced once (see precompile), no
-checkpoint and no model saved.
+multi-node jobs (see neuron_environment), the fp32 gradient all-reduce of Neuron's BERT sample, and
+``--precompile True`` for neuron_parallel_compile (the pipeline's Precompile step): every graph of the run traced
+once (see precompile), no checkpoint and no model saved.
 """
 
 import argparse
@@ -337,7 +337,7 @@ class Runtime:
     """Where this process runs: device, rank, world size, precision, and the few calls that differ by device."""
 
     device: torch.device
-    device_type: str  # xla | cuda | cpu
+    device_type: str  # xla | neuron | cuda | cpu
     rank: int
     world_size: int
     distributed: bool
@@ -413,7 +413,12 @@ class Runtime:
 
 
 def neuron_available() -> bool:
-    """Whether TorchNeuron's device "neuron" is this process's accelerator."""
+    """Whether TorchNeuron's device "neuron" is this process's accelerator. torch_neuronx is imported first, as
+    Neuron's torch-distributed guide does: it registers the device "neuron" and the distributed backend "neuron"."""
+    try:
+        import torch_neuronx  # noqa: F401
+    except ImportError:
+        return False
     accelerator = getattr(torch, "accelerator", None)
     return bool(accelerator and accelerator.is_available() and accelerator.current_accelerator().type == "neuron")
 
@@ -449,7 +454,7 @@ def setup(args: argparse.Namespace) -> Runtime:
         device = torch.device("neuron", local_rank)
         torch.accelerator.set_device_index(local_rank)
         if distributed:
-            dist.init_process_group(device_id=device)
+            dist.init_process_group(backend="neuron")  # as Neuron's torch-distributed guide joins the group
     elif kind == "xla":
         os.environ.update(neuron_environment(dict(os.environ), Path(args.checkpoint_dir)))
         device_type = "xla"
@@ -484,7 +489,7 @@ def setup(args: argparse.Namespace) -> Runtime:
 
 def load_model(model_id: str, rt: Runtime, seed: int) -> torch.nn.Module:
     """The pretrained encoder with a fresh 2-label head drawn from `seed`, so every rank starts from the same
-    weights whatever its generator held (on XLA, with no DDP to broadcast them, rank 0's are broadcast as well);
+    weights whatever its generator held (so XLA, which has no DDP to broadcast them, needs no broadcast either);
     PyTorch's fused attention (SDPA) off XLA."""
     attention = {"attn_implementation": "sdpa"} if rt.sdpa else {}
     torch.manual_seed(seed)
@@ -493,8 +498,6 @@ def load_model(model_id: str, rt: Runtime, seed: int) -> torch.nn.Module:
     )
     model.config.problem_type = "single_label_classification"
     model.to(rt.device)
-    if rt.xla and rt.distributed:
-        xm.broadcast_master_param(model)
     return model
 
 
@@ -743,23 +746,16 @@ def micro_step(rt: Runtime, model: torch.nn.Module, batch: dict[str, torch.Tenso
     return loss.detach()
 
 
-def reduce_gradients(rt: Runtime, model: torch.nn.Module) -> None:
-    """XLA: average the gradients across ranks (what xm.optimizer_step does, split off to clip in between), in bf16
-    when bf16 is on: half the bytes of the fp32 all-reduce (about 220 MB instead of 440 MB per step for bert-base),
-    the gradients themselves staying fp32 for clipping and AdamW."""
-    if rt.world_size == 1:
-        return
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    wire = [g.to(torch.bfloat16) for g in grads] if rt.bf16 else grads
-    xm.all_reduce(xm.REDUCE_SUM, wire, scale=1.0 / rt.world_size)
-    if rt.bf16:
-        for grad, reduced in zip(grads, wire, strict=True):
-            grad.copy_(reduced)
+def reduce_gradients(rt: Runtime, optimizer) -> None:
+    """XLA: average the fp32 gradients across ranks, as Neuron's BERT sample does (xm.reduce_gradients: what
+    xm.optimizer_step does, split off to clip in between)."""
+    if rt.world_size > 1:
+        xm.reduce_gradients(optimizer)
 
 
 def optimizer_step(rt: Runtime, model: torch.nn.Module, optimizer, scheduler, max_grad_norm: float) -> None:
     if rt.xla:
-        reduce_gradients(rt, model)
+        reduce_gradients(rt, optimizer)
     if max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()

@@ -202,7 +202,7 @@ class SageMakerAccount:
             return True
         bucket, name = self._marker(key)
         try:
-            self.s3.put_object(Bucket=bucket, Key=name, Body=b"", IfNoneMatch="*")
+            _put_conditionally(self.s3, Bucket=bucket, Key=name, Body=b"", IfNoneMatch="*")
         except Exception as e:
             if not _lost_race(e):
                 raise
@@ -224,7 +224,7 @@ class SageMakerAccount:
         if held["Body"].read() == FINISHED or age < abandoned_after_s:
             return False
         try:
-            self.s3.put_object(Bucket=bucket, Key=name, Body=b"", IfMatch=held["ETag"])
+            _put_conditionally(self.s3, Bucket=bucket, Key=name, Body=b"", IfMatch=held["ETag"])
         except Exception as e:
             if _lost_race(e):
                 return False
@@ -356,5 +356,22 @@ class SageMakerAccount:
 
 
 def _lost_race(error: Exception) -> bool:
-    """S3's answer to a conditional write whose condition no longer holds."""
-    return endpoints._error_code(error)[0] in ("PreconditionFailed", "ConditionalRequestConflict")
+    """S3's answer to a conditional write whose condition no longer holds (412): another claimant won."""
+    return endpoints._error_code(error)[0] == "PreconditionFailed"
+
+
+CONFLICT_ATTEMPTS = 5  # a 409 is tried again up to 4 times, 0.1 to 0.8 s apart
+
+
+def _put_conditionally(s3: Any, **request: Any) -> None:
+    """PutObject with If-None-Match or If-Match. S3's 409 ConditionalRequestConflict means that a conflicting
+    operation ran during the upload and the write should be tried again (PutObject's documentation), not that another
+    claimant won: it is retried with backoff; a 412 (or a 409 that outlasts the attempts) reaches the caller."""
+    for attempt in range(CONFLICT_ATTEMPTS):
+        try:
+            s3.put_object(**request)
+            return
+        except Exception as e:
+            if endpoints._error_code(e)[0] != "ConditionalRequestConflict" or attempt == CONFLICT_ATTEMPTS - 1:
+                raise
+            time.sleep(0.1 * 2**attempt)
