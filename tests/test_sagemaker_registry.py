@@ -105,3 +105,13 @@ def test_aws_errors_are_explained(aws, monkeypatch):
     monkeypatch.setattr(aws.sagemaker, "describe_model_package", denied)
     with pytest.raises(AwsError, match="describe model package .*AccessDeniedException.*lack this permission"):
         registry.list_versions(aws, GROUP)
+
+
+def test_clients_retry_adaptively_unless_the_environment_says_how(monkeypatch):
+    from pipeline.sagemaker.aws import Aws
+
+    for var in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    assert Aws(REGION).client("s3").meta.config.retries == {"mode": "adaptive", "total_max_attempts": 9}  # 8 retries
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own settings win: one attempt, no backoff
+    assert Aws(REGION).client("s3").meta.config.retries["total_max_attempts"] == 1

@@ -56,7 +56,7 @@ def explained(action: str) -> Iterator[None]:
 
 
 class Aws:
-    """boto3 clients for one region, with adaptive retries for throttling (8 attempts) unless the environment sets
+    """boto3 clients for one region, with adaptive retries for throttling (8 retries) unless the environment sets
     botocore's own AWS_RETRY_MODE or AWS_MAX_ATTEMPTS."""
 
     def __init__(self, region: str) -> None:
