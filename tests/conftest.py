@@ -80,10 +80,15 @@ def _guarded_connect(self: socket.socket, address: object) -> None:
 socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
 
 
+IMAGE_TESTS = {"test_images.py", "test_train_xla.py", "test_serving_compat.py"}  # CI runs them in the image venvs
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A slow test (a whole local run, a torchrun launch) may take up to 10 minutes before it counts as hung."""
+    """A slow test (a whole local run, a torchrun launch) or an image venv's (pip installs, XLA compiles, beside the
+    slow set in CI) may take up to 10 minutes before it counts as hung."""
     for item in items:
-        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+        slow = item.get_closest_marker("slow") or item.path.name in IMAGE_TESTS
+        if slow and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(600))
 
 
