@@ -90,6 +90,7 @@ def interrupted_run(account: LocalBackend, sets: list[str]) -> Execution:
     out, _ = process.communicate(timeout=300)
     assert process.returncode == 1, out
     (execution,) = account.records()
+    assert execution.status == "Stopped", out
     return execution
 
 
@@ -101,7 +102,7 @@ def test_an_interrupted_training_resumes_on_retry_and_a_fixed_evaluate_reruns_al
     code_object.write_bytes(BROKEN)  # a bad artifact: the definition stays the same, so a retry is allowed
 
     stopped = interrupted_run(account, sets)
-    assert stopped.status == "Stopped"
+    assert stopped.status == "Stopped", {n: (r.status, r.reason) for n, r in stopped.steps.items()}
     assert {n: r.status for n, r in stopped.steps.items() if n in ("Tokenize", "Train", "Evaluate")} == {
         "Tokenize": "Succeeded", "Train": "Stopped", "Evaluate": "NotStarted"
     }
