@@ -53,4 +53,4 @@ def endpoints(ctx: typer.Context, local: LOCAL = False, root: ROOT = None) -> No
     for line in getattr(target, "endpoint_lines", []):  # local: what was recovered, registry mismatches
         console.print(line, markup=False, highlight=False)
     if local:
-        console.print("there is no scaling locally: each local endpoint is one process", style="dim")
+        console.print("there is no scaling locally: each local endpoint is one worker process", style="dim")

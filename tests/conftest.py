@@ -100,7 +100,7 @@ def no_endpoint_outlives_the_tests(tmp_path_factory: pytest.TempPathFactory):
     try:  # the image environments (XLA, serving compat) start no endpoint and lack the project's packages
         import psutil
 
-        from pipeline.local.endpoint.daemon import MODULE
+        from pipeline.local.endpoint.process import MODULE
     except ImportError:
         return
     base = str(tmp_path_factory.getbasetemp())

@@ -1,8 +1,8 @@
-"""Raw-socket framing cases against the real local endpoint server (training/inference.py on a tiny BERT).
+"""Raw-socket framing cases against the real local endpoint (uvicorn and h11, training/inference.py on a tiny BERT).
 
-A client that is not well behaved: negative, huge, malformed or missing Content-Length, truncated and slow bodies,
-broken chunked encoding, garbage request lines, header floods, idle connections. Each gets a 4xx JSON answer (or,
-idle, a clean close) within the server's read timeout, and the server keeps serving the next client.
+A client that is not well behaved: malformed or huge Content-Length, broken chunked encoding, garbage request lines,
+oversized, cut-short and slow bodies, idle connections. Each gets a 4xx answer (h11's refusals as uvicorn's
+plain-text 400, the app's as JSON) or a clean close, and the server keeps serving the next client.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from fixtures_ml import add_serving_code, build_model, build_tokenizer
 
 from pipeline.local.endpoint import LocalEndpoint
-from pipeline.local.endpoint.framing import DRAIN_LIMIT
+from pipeline.local.endpoint.app import DRAIN_LIMIT
 from steps.contract import MAX_PAYLOAD_BYTES
 
 READ_TIMEOUT = 1.5  # the server's, small so that the slow cases end quickly
@@ -40,12 +40,12 @@ def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=WAIT)
 
 
-def answer(sock: socket.socket) -> tuple[int, dict[str, str], dict]:
-    """The next response on `sock`: status, headers (lower-case names) and its JSON body."""
+def answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The next response on `sock`: status, headers (lower-case names) and body."""
     response = http.client.HTTPResponse(sock)
     response.begin()
     body = response.read()
-    return response.status, {k.lower(): v for k, v in response.getheaders()}, json.loads(body)
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, body
 
 
 def closed(sock: socket.socket) -> bool:
@@ -56,12 +56,10 @@ def closed(sock: socket.socket) -> bool:
         return True
 
 
-def exchange(port: int, data: bytes, *, end: bool = False) -> tuple[int, dict[str, str], dict, bool]:
-    """Send raw `data` (then half-close with `end`); the answer and whether the connection closed after it."""
+def exchange(port: int, data: bytes) -> tuple[int, dict[str, str], bytes, bool]:
+    """Send raw `data`; the answer and whether the connection closed after it."""
     with connect(port) as sock:
         sock.sendall(data)
-        if end:
-            sock.shutdown(socket.SHUT_WR)
         status, headers, body = answer(sock)
         return status, headers, body, closed(sock)
 
@@ -83,50 +81,42 @@ def assert_serves(port: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("request_bytes", "status", "error", "words"),
+    "request_bytes",
     [
-        (post("Content-Length: -5\r\n", GOOD), 400, "ValidationError", "Content-Length '-5'"),
-        (post("Content-Length: -1\r\n", GOOD), 400, "ValidationError", "Content-Length '-1'"),  # not "read to EOF"
-        (post("Content-Length: 12abc\r\n", GOOD), 400, "ValidationError", "expected one number of bytes"),
-        (post("Content-Length: +34\r\n", GOOD), 400, "ValidationError", "Content-Length '+34'"),
-        (post("Content-Length: 34\r\nContent-Length: 35\r\n", GOOD), 400, "ValidationError", "'34, 35'"),
-        (post("Content-Length: " + "9" * 30 + "\r\n", GOOD), 413, "ValidationError", "bytes limit"),
-        (post("", GOOD), 411, "LengthRequired", "Content-Length"),
-        (post("Transfer-Encoding: gzip\r\n", GOOD), 400, "ValidationError", "only chunked"),
-        (post("Transfer-Encoding: chunked\r\n", b"zz\r\n" + GOOD), 400, "ValidationError", "chunk size"),
-        (post("Transfer-Encoding: chunked\r\n", b"4\r\n" + GOOD + b"\r\n0\r\n\r\n"), 400, "ValidationError",
-         "longer than its size"),
-        (post("Transfer-Encoding: chunked\r\n", f"{DRAIN_LIMIT + 1:x}\r\n".encode()), 413, "ValidationError",
-         "bytes limit"),
-        (b"\x00\xff\xfeGARBAGE\r\n\r\n", 400, "ValidationError", "Bad request"),
-        (b"GET /ping\r\n\r\n", 400, "ValidationError", "expected HTTP/1.x"),  # HTTP/0.9: no status line otherwise
-        (b"POST /invocations HTTP/2.0\r\n\r\n", 400, "ValidationError", "HTTP version"),
-        (b"BREW /invocations HTTP/1.1\r\nHost: x\r\n\r\n", 405, "MethodNotAllowed", "BREW"),
-        (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414, "RequestUriTooLong", "URI"),
-        (post("".join(f"X-Flood-{i}: {i}\r\n" for i in range(150)), GOOD), 431, "RequestHeaderFieldsTooLarge",
-         "headers"),
-        (post("X-Long: " + "b" * 70_000 + "\r\n", GOOD), 431, "RequestHeaderFieldsTooLarge", "Line too long"),
+        post("Content-Length: -5\r\n", GOOD),
+        post("Content-Length: 12abc\r\n", GOOD),
+        post("Content-Length: 34\r\nContent-Length: 35\r\n", GOOD),
+        post("Content-Length: " + "9" * 30 + "\r\n", GOOD),
+        post("Transfer-Encoding: gzip\r\n", GOOD),
+        post("Transfer-Encoding: chunked\r\n", b"zz\r\n" + GOOD),
+        post("Transfer-Encoding: chunked\r\n", b"4\r\n" + GOOD + b"\r\n0\r\n\r\n"),
+        b"\x00\xff\xfeGARBAGE\r\n\r\n",
+        b"GET /ping\r\n\r\n",
+        b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n",
     ],
-    ids=["negative-length", "minus-one-length", "non-numeric-length", "signed-length", "two-lengths",
-         "huge-length", "missing-length", "unknown-coding", "bad-chunk-size", "chunk-overrun", "huge-chunk",
-         "garbage-request-line", "http-0.9", "http-2", "unknown-method", "long-request-line", "header-flood",
-         "long-header"],
+    ids=["negative-length", "non-numeric-length", "two-lengths", "huge-length", "unknown-coding", "bad-chunk-size",
+         "chunk-overrun", "garbage-request-line", "http-0.9", "long-request-line"],
 )
-def test_malformed_requests_get_a_4xx_json_answer_and_a_close(port, request_bytes, status, error, words):
+def test_requests_h11_cannot_parse_get_a_400_and_a_close(port, request_bytes):
     started = time.monotonic()
-    got, headers, body, closed_after = exchange(port, request_bytes)
-    assert (got, body["error"]) == (status, error), body
-    assert words in body["message"] and headers["content-type"] == "application/json"
-    assert headers["x-amzn-errortype"] == error and headers["connection"] == "close" and closed_after
+    got, headers, _, closed_after = exchange(port, request_bytes)
+    assert got == 400 and headers["connection"] == "close" and closed_after
     assert time.monotonic() - started < WAIT / 2  # answered, not timed out by the client
     assert_serves(port)
 
 
-def test_a_body_cut_short_is_a_400_naming_the_bytes_received(port):
-    got, _, body, closed_after = exchange(port, post("Content-Length: 100\r\n", GOOD[:10]), end=True)
-    assert got == 400 and body["message"] == "the request body ended after 10 of 100 bytes" and closed_after
-    _, _, body, _ = exchange(port, post("Transfer-Encoding: chunked\r\n", b"40\r\n" + GOOD[:10]), end=True)
-    assert body["message"] == "the request body ended after 10 of 64 bytes"
+def test_an_unknown_method_is_a_json_405_naming_the_route_s_methods(port):
+    got, headers, body, _ = exchange(port, b"BREW /invocations HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (got, headers["allow"], json.loads(body)["error"]) == (405, "POST", "MethodNotAllowed")
+    assert headers["content-type"] == "application/json" and headers["x-amzn-errortype"] == "MethodNotAllowed"
+
+
+def test_a_body_cut_short_is_not_taken_for_a_request(port):
+    """The client half-closes after 10 of 100 bytes: nothing is answered for it, and the server serves on."""
+    with connect(port) as sock:
+        sock.sendall(post("Content-Length: 100\r\n", GOOD[:10]))
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.recv(1) == b""
     assert_serves(port)
 
 
@@ -156,21 +146,21 @@ def test_a_slow_body_is_a_408_after_the_read_timeout_while_others_are_served(por
         if trickle:
             dripping.join()
         elapsed = time.monotonic() - started
-        assert status == 408 and body["error"] == "RequestTimeout" and headers["connection"] == "close"
-        assert body["message"] == f"the request body did not arrive within {READ_TIMEOUT:g} s"
+        error = json.loads(body)
+        assert status == 408 and error["error"] == "RequestTimeout" and headers["connection"] == "close"
+        assert error["message"] == f"the request body did not arrive within {READ_TIMEOUT:g} s"
         assert READ_TIMEOUT * 0.9 <= elapsed < WAIT / 2
         assert closed(sock)
     assert_serves(port)
 
 
-def test_an_idle_connection_is_closed_cleanly_after_the_read_timeout(port):
+def test_a_connection_idle_after_an_answer_is_closed_cleanly_after_the_read_timeout(port):
     with connect(port) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer(sock)[0] == 200
         started = time.monotonic()
-        assert closed(sock)  # EOF, no bytes: nothing was asked
+        assert closed(sock)  # EOF, no bytes: nothing more was asked
         assert READ_TIMEOUT * 0.9 <= time.monotonic() - started < WAIT / 2
-    with connect(port) as sock:  # half a request line, then silence
-        sock.sendall(b"POST /invoc")
-        assert closed(sock)
     assert_serves(port)
 
 
@@ -191,17 +181,24 @@ def test_an_oversized_body_is_read_away_and_the_connection_serves_the_next_reque
         else:
             sock.sendall(post(f"Content-Length: {len(big)}\r\n", big))
         status, headers, body = answer(sock)
-        assert status == 413 and "connection" not in headers and "bytes limit" in body["message"]
+        assert status == 413 and "connection" not in headers and "bytes limit" in json.loads(body)["message"]
         sock.sendall(post(f"Content-Length: {len(GOOD)}\r\n", GOOD))  # same connection, kept alive
-        response = http.client.HTTPResponse(sock)
-        response.begin()
-        assert response.status == 200 and len(json.loads(response.read())) == 2
+        status, _, body = answer(sock)
+        assert status == 200 and len(json.loads(body)) == 2
 
 
-def test_a_get_with_a_body_is_answered_then_closed_not_read_as_a_second_request(port):
+def test_a_body_beyond_what_is_read_away_is_a_413_and_a_close(port):
     with connect(port) as sock:
-        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 18\r\n\r\nGET /nowhere HTTP/1")
-        response = http.client.HTTPResponse(sock)
-        response.begin()
-        assert response.status == 200 and json.loads(response.read())["status"] == "Healthy"
-        assert closed(sock)
+        sock.sendall(post(f"Content-Length: {DRAIN_LIMIT + 1}\r\n", b"x" * 1000))
+        status, headers, body = answer(sock)
+        assert status == 413 and headers["connection"] == "close" and "bytes limit" in json.loads(body)["message"]
+    assert_serves(port)
+
+
+def test_a_get_with_a_body_is_answered_and_its_body_not_read_as_a_second_request(port):
+    with connect(port) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 18\r\n\r\nGET /nowhere HTTP/")
+        status, _, body = answer(sock)
+        assert status == 200 and json.loads(body)["status"] == "Healthy"
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")  # the next request is this one, not /nowhere
+        assert answer(sock)[0] == 200

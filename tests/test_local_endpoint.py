@@ -13,6 +13,7 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -114,13 +115,14 @@ def contract(models: dict, no_network_module):
     served.stop()
 
 
-def request(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
+def request(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any, bytes]:
+    """Status, headers (names in any case, as HTTP has them) and body."""
     req = urllib.request.Request(url, data=body, headers=headers or {}, method="POST" if body is not None else "GET")
     try:
         with urllib.request.urlopen(req, timeout=30) as answer:
-            return answer.status, dict(answer.headers), answer.read()
+            return answer.status, answer.headers, answer.read()
     except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), error.read()
+        return error.code, error.headers, error.read()
 
 
 def invoke_json(url: str, payload: object) -> tuple[int, object]:
@@ -296,12 +298,11 @@ def test_background_process_outlives_its_starter_and_is_replaced(models: dict, t
         status, answer = invoke_json(first["url"], "hello")
         assert status == 200 and answer["prediction"]["text"] == '"hello"'
 
-        # a second start replaces the first, on the same port
+        # a second start on the same port swaps the model inside the running endpoint
         second = start_background(models["contract"], "bg", port=first["port"], state_file=state_file, version="2")
-        assert second["pid"] != first["pid"] and second["version"] == "2" and second["url"] == first["url"]
+        assert second["pid"] == first["pid"] and second["version"] == "2" and second["url"] == first["url"]
         assert json.loads(request(f"{second['url']}/ping")[2])["version"] == "2"
-        with pytest.raises(ProcessLookupError):
-            os.kill(first["pid"], 0)  # the first process is gone
+        assert read_state(state_file)["model_data"] == str(models["contract"])  # what a restarted worker loads
         runtime = boto3.client("sagemaker-runtime", endpoint_url=second["url"], region_name="us-east-1")
         answer = runtime.invoke_endpoint(EndpointName="bg", Body=b"x", ContentType="text/csv", Accept="text/plain")
         assert answer["Body"].read() == b"plain:x"
@@ -310,6 +311,8 @@ def test_background_process_outlives_its_starter_and_is_replaced(models: dict, t
     assert read_state(state_file) is None and stop_background(state_file) is False
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"{second['url']}/ping", timeout=5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(first["pid"], 0)  # the process is gone
     assert "POST /endpoints/bg/invocations 200" in (tmp_path / "run" / "endpoint.log").read_text()
 
 

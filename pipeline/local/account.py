@@ -1,19 +1,25 @@
 """The lifecycle's account on this machine (steps/deploy/lifecycle.py's `Account`): the SQLite registry, the staging and
 production endpoints as detached local endpoints on their own ports (local.staging_port, local.port), the alerts file.
 
-Nothing here is ever busy: a deploy returns once the new endpoint answers (blue/green, see
-pipeline.local.endpoint.daemon), so the lifecycle tests a staging version at once. There is no scaling locally.
+Nothing here is ever busy: a deploy returns once the endpoint serves the new version (swapped in place, see
+pipeline.local.endpoint.process), so the lifecycle tests a staging version at once. There is no scaling locally.
 """
 
 from __future__ import annotations
 
-import json
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config
-from pipeline.local.endpoint import EndpointStartError, read_state, start_background, supervisor
+from pipeline.local.endpoint import (
+    EndpointStartError,
+    append_alert,
+    count_restart,
+    read_state,
+    restarts,
+    start_background,
+    supervisor,
+)
 from pipeline.local.registry import ModelNotFoundError, ModelVersion, Registry
 from pipeline.local.storage import Layout
 from steps.contract import APPROVED
@@ -87,11 +93,12 @@ class LocalAccount:
             what = f"{stage} {name}: the endpoint process (pid {dead['pid']}, version {dead.get('version')}) died"
             try:
                 started = start_background(Path(dead["model_data"]), name, self.ports[stage], state_file,
-                                           version=dead.get("version"), environment=self._environment(dead))
+                                           version=dead.get("version"), environment=self._environment(dead),
+                                           alerts_file=self.layout.alerts)
             except (EndpointStartError, KeyError) as e:
                 outcomes.append(self._recovered("restart-failed", f"{what}; restarting it failed: {e}"))
                 continue
-            count = supervisor.count_restart(state_file)
+            count = count_restart(state_file)
             outcomes.append(self._recovered("restarted", f"{what}; restarted at {endpoint_url(started)} "
                                                          f"(restart {count})"))
         return outcomes
@@ -109,7 +116,7 @@ class LocalAccount:
         return outcome
 
     def restarts(self, stage: str) -> int:
-        return supervisor.restarts(self.layout.endpoint_state(self.names[stage]))
+        return restarts(self.layout.endpoint_state(self.names[stage]))
 
     def deploy(self, stage: str, version: Any) -> dict[str, Any]:
         name, state = self.names[stage], self.state(stage)
@@ -120,7 +127,7 @@ class LocalAccount:
         try:
             started = start_background(Path(found.model_data), name, self.ports[stage],
                                        self.layout.endpoint_state(name), version=str(version.number),
-                                       environment=found.environment)
+                                       environment=found.environment, alerts_file=self.layout.alerts)
         except EndpointStartError as e:
             raise lifecycle.DeployError(str(e)) from None
         finally:
@@ -155,7 +162,4 @@ class LocalAccount:
     def alert(self, line: str, detail: dict[str, Any]) -> None:
         """Appended to <local root>/alerts.jsonl: {"time", "line", "detail"}; printed by the CLI."""
         self.raised.append(line)
-        self.layout.alerts.parent.mkdir(parents=True, exist_ok=True)
-        record = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "line": line, "detail": detail}
-        with self.layout.alerts.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(record, default=str) + "\n")
+        append_alert(self.layout.alerts, line, detail)

@@ -18,7 +18,7 @@ from pipeline.dag.selection import RERUN, Selection, Source, check_retry, inheri
 from pipeline.errors import UserError
 from pipeline.local.account import NO_SCALING, endpoint_check, lifecycle
 from pipeline.local.cost import local_costs
-from pipeline.local.endpoint import serve_forever, supervisor
+from pipeline.local.endpoint import serve, supervisor
 from pipeline.local.execution import Execution, ExecutionNotFound, StepRecord
 from pipeline.local.registry import ModelVersion, Registry
 from pipeline.local.runner import LocalRunner
@@ -276,13 +276,14 @@ class LocalBackend:
         chosen = self.registry.get(self.group, version) if version else self.registry.latest_approved(self.group)
         if chosen is None:
             raise UserError("no Approved model version in the local registry; run `run --local` first")
-        serve_forever(
+        serve(
             Path(chosen.model_data),
             self.cfg.deploy.endpoint_name,
             port or self.cfg.local.port,
             version=str(chosen.version),
             on_ready=lambda url: on_ready(url, version_view(chosen)),
             environment=chosen.environment,
+            alerts_file=self.layout.alerts,
         )
 
     def stop_endpoint(self) -> bool:

@@ -1,18 +1,18 @@
 """A local real-time endpoint: SageMaker's serving contract over HTTP on 127.0.0.1.
 
-`handler` loads a model and calls its handlers as the Hugging Face CPU inference container does, `server` serves
-it (`LocalEndpoint` in a thread, `serve_forever()` in the foreground; `framing` reads request bodies as HTTP/1.1
-frames them) and `daemon` runs it detached
-(`start_background()` runs `python -m pipeline.local.endpoint ... --state-file F` and returns once it serves;
-`read_state(F)`, `stop_background(F)`). Differences from the container: `code/requirements.txt` is not installed,
-a missing Content-Type is taken as `application/json`, and a failing `model_fn` fails `start()`/`update()` instead
-of every request.
+`handler` loads a model and calls its handlers as the Hugging Face CPU inference container does, `app` serves it
+(a Starlette app on uvicorn: `LocalEndpoint` in a thread) and `process` runs it detached under uvicorn's process
+manager (`start_background()` runs `python -m pipeline.local.endpoint ... --state-file F` and returns once it
+serves, or swaps the model of the endpoint running there; `read_state(F)`, `stop_background(F)`); `supervisor` finds
+every endpoint process of a local root. Differences from the container: `code/requirements.txt` is not installed,
+a missing Content-Type is taken as `application/json`, and a failing `model_fn` fails `start()`/the swap instead of
+every request.
 """
 
 from __future__ import annotations
 
 from pipeline.local.endpoint import supervisor
-from pipeline.local.endpoint.daemon import EndpointStartError, read_state, start_background, stop_background
+from pipeline.local.endpoint.app import ACCOUNT, EndpointStartError, LocalEndpoint
 from pipeline.local.endpoint.handler import (
     JSON_TYPE,
     UTF8_TYPES,
@@ -22,7 +22,15 @@ from pipeline.local.endpoint.handler import (
     extract_model,
     serving_environment,
 )
-from pipeline.local.endpoint.server import ACCOUNT, LocalEndpoint, serve_forever
+from pipeline.local.endpoint.process import (
+    append_alert,
+    count_restart,
+    read_state,
+    restarts,
+    serve,
+    start_background,
+    stop_background,
+)
 from steps.contract import MAX_PAYLOAD_BYTES
 
 __all__ = [
@@ -35,9 +43,12 @@ __all__ = [
     "EndpointStartError",
     "LoadedModel",
     "LocalEndpoint",
+    "append_alert",
+    "count_restart",
     "extract_model",
     "read_state",
-    "serve_forever",
+    "restarts",
+    "serve",
     "serving_environment",
     "start_background",
     "stop_background",

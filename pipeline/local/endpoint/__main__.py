@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 
-from pipeline.local.endpoint.daemon import MODULE, EndpointStartError
+from pipeline.local.endpoint.app import EndpointStartError
 from pipeline.local.endpoint.handler import LOG
-from pipeline.local.endpoint.server import serve_forever
+from pipeline.local.endpoint.process import MODULE, serve
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,12 +24,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--model-version", help="label recorded in the state file, e.g. the model package version")
     parser.add_argument("--state-file", type=Path, help="JSON file recording pid, port and version while serving")
-    parser.add_argument("--reuse-port", action="store_true",
-                        help="bind with SO_REUSEPORT, beside the endpoint it replaces (blue/green)")
+    parser.add_argument("--environment", type=json.loads, default={}, help="the model's container environment (JSON)")
+    parser.add_argument("--alerts-file", type=Path, help="JSON lines file that a worker restart is alerted in")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        serve_forever(
+        serve(
             args.model_data,
             args.name,
             args.port,
@@ -36,7 +37,8 @@ def main(argv: list[str] | None = None) -> None:
             version=args.model_version,
             state_file=args.state_file,
             on_ready=lambda url: print(f"endpoint {args.name} at {url}", flush=True),
-            reuse_port=args.reuse_port,
+            environment=args.environment,
+            alerts_file=args.alerts_file,
         )
     except EndpointStartError as error:
         LOG.warning("endpoint %s did not start", args.name, exc_info=True)

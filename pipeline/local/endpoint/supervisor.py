@@ -1,7 +1,7 @@
 """Every detached endpoint process of a local root, found by its command line, whatever killed the command that
-started it: `strays()` are those its state file does not record (a blue/green deploy killed midway leaves the old or
-the new one behind), `stop_strays()` stops them, `stop_all()` stops every one, `died()` tells an endpoint whose
-recorded process ended without stopping (killed, crashed) and `count_restart()` counts its restarts.
+started it: `strays()` are those its state file does not record (a deploy to another port killed midway leaves the
+old or the new one behind), `stop_strays()` stops them, `stop_all()` stops every one, and `died()` tells an endpoint
+whose recorded process ended without stopping (killed: its worker, when it dies, is restarted by that process).
 
 An endpoint process runs `python -m pipeline.local.endpoint ... --state-file <folder>/<name>.json`; its state file
 records its pid and start time (`process_started`), so a reused pid is never taken for it.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 
-from pipeline.local.endpoint.daemon import MODULE, load_state, reap
 from pipeline.local.endpoint.handler import LOG
+from pipeline.local.endpoint.process import MODULE, load_state, reap
 
 STOP_TIMEOUT = 15.0  # seconds between SIGTERM (the endpoint drains) and SIGKILL
 
@@ -110,24 +110,9 @@ def stop_all(folder: Path, timeout: float = STOP_TIMEOUT) -> tuple[int, list[str
 
 
 def died(state_file: Path) -> dict | None:
-    """The state of an endpoint whose recorded process ended without stopping (SIGKILL, a crash), else None."""
+    """The state of an endpoint whose recorded process ended without stopping (SIGKILL), else None."""
     state = load_state(state_file)
     if not state or state.get("status") != "InService" or not isinstance(state.get("pid"), int):
         return None
     alive = [p for p in processes(state_file.parent) if p.state_file == state_file and p.recorded()]
     return None if alive else state
-
-
-def restarts(state_file: Path) -> int:
-    """How many times the endpoint of `state_file` was restarted after its process died."""
-    try:
-        return int(state_file.with_suffix(".restarts").read_text())
-    except (OSError, ValueError):
-        return 0
-
-
-def count_restart(state_file: Path) -> int:
-    """Count one more restart; the new count."""
-    count = restarts(state_file) + 1
-    state_file.with_suffix(".restarts").write_text(str(count))
-    return count
