@@ -27,6 +27,8 @@ app = typer.Typer(
     add_completion=False,
 )
 models_app = typer.Typer(help="Model versions in the registry: list, describe, approve, reject.", no_args_is_help=True)
+config_app = typer.Typer(help="The effective config: every key, its value and where it came from.",
+                         no_args_is_help=True)
 # `--help` lists the commands by what they act on
 EXECUTIONS, MODELS, ENDPOINTS, TRIGGERS, ACCOUNT = "Executions", "Models", "Endpoints", "Triggers", "Account"
 app.command(rich_help_panel=EXECUTIONS)(retry)
@@ -36,11 +38,13 @@ app.command(rich_help_panel=ENDPOINTS)(promote)
 app.add_typer(triggers_app, name="triggers", rich_help_panel=TRIGGERS)
 app.command(rich_help_panel=ACCOUNT)(bootstrap)
 app.command(rich_help_panel=ACCOUNT)(compare)
+app.add_typer(config_app, name="config", rich_help_panel=ACCOUNT)
 
 ApprovalStatus = Enum("ApprovalStatus", {s: s for s in APPROVAL_STATUSES}, type=str)  # --status's choices
 EXECUTION = Annotated[str | None, typer.Argument(help="Execution id or ARN (default: latest).")]
 PARAMS = Annotated[list[str] | None, typer.Option("--param", "-p", help="Pipeline parameter NAME=VALUE (repeatable).")]
 LIMIT = Annotated[int, typer.Option(help="How many, newest first.", min=1)]
+JSON = Annotated[bool, typer.Option("--json", help="Print the records as JSON (for scripts).")]
 
 
 @app.callback()
@@ -69,6 +73,20 @@ def definition(
         errors.print(f"wrote {out} ({len(text.encode())} bytes)")
     else:
         sys.stdout.write(text)
+
+
+@config_app.command("show")
+def config_show(ctx: typer.Context, local: LOCAL = False, as_json: JSON = False) -> None:
+    """Every key of the effective config (--local: with the local profile) as `key = JSON value  # where from`:
+    default, the file, the local profile, an environment variable or --set."""
+    from pipeline.config import effective, load_config
+
+    sources: dict[str, str] = {}
+    rows = effective(load_config(ctx.obj.config, ctx.obj.sets, local=local, sources=sources), sources)
+    if as_json:
+        return views.print_json({key: {"value": value, "source": source} for key, value, source in rows})
+    for key, value, source in rows:
+        console.print(f"{key} = {json.dumps(value)}  # {source}", markup=False, highlight=False)
 
 
 @app.command(rich_help_panel=ACCOUNT)
@@ -127,10 +145,14 @@ def list_executions(
     limit: LIMIT = 20,
     local: LOCAL = False,
     root: ROOT = None,
+    as_json: JSON = False,
 ) -> None:
     """The pipeline's executions, newest first."""
     target = ctx.obj.backend(local, root)
-    console.print(views.executions_table(target.executions(limit), target.cfg.pipeline.name))
+    found = target.executions(limit)
+    if as_json:
+        return views.print_json(found)
+    console.print(views.executions_table(found, target.cfg.pipeline.name))
 
 
 @app.command(rich_help_panel=EXECUTIONS)
@@ -139,15 +161,18 @@ def runs(
     limit: LIMIT = 20,
     local: LOCAL = False,
     root: ROOT = None,
+    as_json: JSON = False,
 ) -> None:
     """The executions' MLflow runs, newest first: key parameters and metrics side by side (mlflow ui shows all)."""
     from pipeline.config_tracking import experiment
     from pipeline.tracking.store import list_runs, store_uri
-    from pipeline.tracking.view import runs_table
 
     cfg = ctx.obj.load(local)
     uri = store_uri(cfg, local, root)
-    console.print(runs_table(list_runs(uri, experiment(cfg), limit), experiment(cfg), uri))
+    found = list_runs(uri, experiment(cfg), limit)
+    if as_json:
+        return views.print_json(found)
+    console.print(views.runs_table(found, experiment(cfg), uri))
 
 
 @app.command(rich_help_panel=ENDPOINTS)
@@ -178,7 +203,7 @@ def cost(
     execution: EXECUTION = None,
     local: LOCAL = False,
     root: ROOT = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    as_json: JSON = False,
 ) -> None:
     """What each job of an execution cost (instances x billable seconds x on-demand price), the total, and the
     training throughput and cost per million samples. --local: the would-be AWS cost of a local run's wall time."""
@@ -197,10 +222,13 @@ def models_list(
         ApprovalStatus | None, typer.Option("--status", help="Only versions with this status.")
     ] = None,
     root: ROOT = None,
+    as_json: JSON = False,
 ) -> None:
     """Versions, newest first: status, accuracy, created."""
     target = ctx.obj.backend(local, root)
     versions = target.versions(status_filter.value if status_filter else None)
+    if as_json:
+        return views.print_json(versions)
     console.print(views.versions_table(versions, target.cfg.pipeline.model_package_group))
 
 

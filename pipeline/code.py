@@ -2,7 +2,8 @@
 
 The deployables are the folders of the `steps` package (each a processing step or the deploy Lambda) and
 `training/` (the Train step). A `steps` bundle holds its folder and the package's top-level modules (`__init__`,
-the contract; a processing step's also the entry point `run.py`), at their paths in this project. So an edit to
+the contract, the tracker; a processing step's also the entry point `run.py`), at their paths in this project; the
+training bundle holds `training/` at its root, and the tracker (`steps/tracking.py`) beside `train.py`. So an edit to
 one deployable changes its bundle's hash alone, and so the code location (and SageMaker's cache key) of its step
 alone; the deploy Lambda's bundle goes up as the Lambda's zip, in no job's code location.
 """
@@ -50,6 +51,7 @@ class CodeBundle:
     root: Path
     sources: tuple[Path, ...]
     packed: bool
+    extras: tuple[tuple[str, Path], ...] = ()  # (name in the bundle, file) for a file from outside `root`
 
     @cached_property
     def files(self) -> dict[str, bytes]:
@@ -63,6 +65,7 @@ class CodeBundle:
             hidden = any(part.startswith(".") or part in IGNORED for part in rel.parts)
             if path.is_file() and not hidden and path.suffix != ".pyc" and (kept is None or rel.as_posix() in kept):
                 found[rel.as_posix()] = path.read_bytes()
+        found.update((name, path.read_bytes()) for name, path in self.extras)
         if not found:
             raise FileNotFoundError(f"{', '.join(map(str, self.sources))}: no code to package")
         return dict(sorted(found.items()))
@@ -125,7 +128,9 @@ def bundles(root: Path | None = None) -> dict[str, CodeBundle]:
     for name in deployables(root):
         processing = (entry_point,) if (steps / name / "__main__.py").is_file() else ()
         found[name] = CodeBundle(name, root, (*shared, *processing, steps / name), packed=False)
-    return {**found, "training": CodeBundle("training", root / "training", (root / "training",), packed=True)}
+    training = CodeBundle("training", root / "training", (root / "training",), packed=True,
+                          extras=(("tracking.py", steps / "tracking.py"),))
+    return {**found, "training": training}
 
 
 def job_bundles() -> list[CodeBundle]:

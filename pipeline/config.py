@@ -402,35 +402,63 @@ def load_config(
     environ: dict[str, str] | None = None,
     *,
     local: bool = False,
+    sources: dict[str, str] | None = None,
 ) -> Config:
     """The config in one pass: the file, then (`local`: the profile of `run --local`) its `local.overrides`, then
-    the environment (ENV_OVERRIDES), then the `--set` overrides; validated once."""
+    the environment (ENV_OVERRIDES), then the `--set` overrides; validated once. `sources` (if given) receives, for
+    each dotted key a layer set, where its value came from (see `effective`)."""
     path = Path(path)
     tree = read_mapping(path)
+    given = sources if sources is not None else {}
+    given.update(dict.fromkeys(flatten(tree), f"file {path}"))
     environ = os.environ if environ is None else environ
-    typed = [(key, environ[var]) for var, key in ENV_OVERRIDES.items() if environ.get(var)]
-    typed += [parse_override(text) for text in overrides]
+    typed = [(key, environ[var], f"environment {var}") for var, key in ENV_OVERRIDES.items() if environ.get(var)]
+    typed += [(*parse_override(text), "--set") for text in overrides]
     if tree.get("local") is None:
         tree["local"] = {}
     section = tree["local"]
     if isinstance(section, dict) and section.get("overrides") is None:  # the profile that --set local.* changes
         section["overrides"] = copy.deepcopy(LOCAL_OVERRIDES)
-    for key, value in typed:  # the local section first: its overrides may themselves be set
+    for key, value, source in typed:  # the local section first: its overrides may themselves be set
         if key.startswith("local."):
             set_path(tree, key, value)
+            _record(given, key, source)
     section = tree["local"]
     profile = section.get("overrides") if isinstance(section, dict) else None
     if local and isinstance(profile, dict):
-        merge(tree, copy.deepcopy({key: value for key, value in profile.items() if key != "local"}))
-    for key, value in typed:
+        kept = {key: value for key, value in profile.items() if key != "local"}
+        merge(tree, copy.deepcopy(kept))
+        given.update({key: f"local.overrides ({given.get(f'local.overrides.{key}', 'default')})"
+                      for key in flatten(kept)})
+    for key, value, source in typed:
         if not key.startswith("local."):
             set_path(tree, key, value)
+            _record(given, key, source)
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
         errors = _describe(e.errors())
-        set_keys = {key for key, _ in typed[len(typed) - len(overrides):]}  # --set wins over the environment
+        set_keys = {key for key, _, source in typed if source == "--set"}  # --set wins over the environment
         for var, key in ENV_OVERRIDES.items():
             if environ.get(var) and key not in set_keys:
                 errors = errors.replace(f"{key}={environ[var]!r}:", f"{key}={environ[var]!r} (from {var}):")
         raise ConfigError(f"{errors} (the local profile: local.overrides applied)" if local else errors) from None
+
+
+
+def _record(sources: dict[str, str], key: str, source: str) -> None:
+    """`key` (and all under it: a section set whole) comes from `source`."""
+    for held in [k for k in sources if k.startswith(f"{key}.")]:
+        del sources[held]
+    sources[key] = source
+
+
+def effective(cfg: Config, sources: dict[str, str]) -> list[tuple[str, Any, str]]:
+    """(dotted key, value, where it came from) for every leaf of the effective config: the layer that set the key or
+    a section holding it (the file, the local profile, the environment, --set), else the default."""
+    rows = []
+    for key, value in flatten(cfg.model_dump(mode="json")).items():
+        parts = key.split(".")
+        held = (".".join(parts[:n]) for n in range(len(parts), 0, -1))
+        rows.append((key, value, next((sources[k] for k in held if k in sources), "default")))
+    return rows

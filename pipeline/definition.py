@@ -201,7 +201,7 @@ class Steps(StepParts):
                                     *unwrapped])
 
     def tracking(self) -> dict[str, Any]:
-        """The MLflow environment of Train and Evaluate (training/tracking.py): the tracking server (none on AWS without
+        """The MLflow environment of Train and Evaluate (steps/tracking.py): the tracking server (none on AWS without
         tracking.server_arn; the local runner sets its own store) and the experiment. Nothing that differs per
         execution (a step reads its execution from its job's name): the Environment is part of a step's cache key."""
         server = self.cfg.tracking.server_arn

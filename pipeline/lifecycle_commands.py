@@ -7,12 +7,11 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from pipeline.errors import UserError
 from pipeline.records import Changes, StageView
 from pipeline.terminal import LOCAL, ROOT, console
-from pipeline.views import styled, table
+from pipeline.views import FittedTable, print_json, styled, table
 
 
 class LifecycleFailed(UserError, RuntimeError):
@@ -28,7 +27,7 @@ def print_changes(done: Changes) -> None:
         raise LifecycleFailed(done.failure)
 
 
-def endpoints_table(stages: list[StageView]) -> Table:
+def endpoints_table(stages: list[StageView]) -> FittedTable:
     """Per stage: endpoint, the version it serves, status, instances, scaling bounds, the last test."""
     rows = [[s.stage, escape(s.endpoint), str(s.version or "-"), styled(s.status), s.instances, escape(s.scaling),
              escape(s.test), escape(s.where)] for s in stages]
@@ -46,10 +45,15 @@ def promote(
     print_changes(ctx.obj.backend(local, root).promote(version))
 
 
-def endpoints(ctx: typer.Context, local: LOCAL = False, root: ROOT = None) -> None:
+def endpoints(ctx: typer.Context, local: LOCAL = False, root: ROOT = None,
+              as_json: Annotated[bool, typer.Option("--json", help="Print the records as JSON (for scripts).")] = False,
+              ) -> None:
     """The staging and production endpoints: version served, status, instances, scaling bounds, last test."""
     target = ctx.obj.backend(local, root)
-    console.print(endpoints_table(target.endpoints()))
+    found = target.endpoints()
+    if as_json:
+        return print_json(found)
+    console.print(endpoints_table(found))
     for line in getattr(target, "endpoint_lines", []):  # local: what was recovered, registry mismatches
         console.print(line, markup=False, highlight=False)
     if local:

@@ -5,21 +5,26 @@ Views take records (pipeline.records, cost and compare reports) and return rende
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
 from rich.live import Live
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from pipeline.prices import PRICING_URL
 from pipeline.records import ExecutionView, OnUpdate, RunSummary, StepView, Upserted, VersionView
+from pipeline.tracking.store import KEY_METRICS, KEY_PARAMS, RunRow
 
 if TYPE_CHECKING:
     from pipeline.compare.report import Report
@@ -45,13 +50,46 @@ def styled(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
-def table(title: str, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = ()) -> Table:
-    out = Table(title=title)
-    for column in columns:
-        out.add_column(column, justify="right" if column in right else "left")
-    for row in rows:
-        out.add_row(*row)
-    return out
+class FittedTable:
+    """A table where it fits the width, else one block of `column: value` lines per row (as `kubectl describe`
+    does): in a narrow terminal or piped to a file (which rich renders 80 columns wide), no cell is cut."""
+
+    def __init__(self, title: str, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = ()) -> None:
+        self.title, self.columns, self.rows = title, columns, rows
+        self.table = Table(title=title)
+        for column in columns:
+            self.table.add_column(column, justify="right" if column in right else "left")
+        for row in rows:
+            self.table.add_row(*row)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[RenderableType]:
+        if Measurement.get(console, options.update_width(100_000), self.table).maximum <= options.max_width:
+            yield self.table
+            return
+        yield Text.from_markup(self.title, style="italic")
+        for row in self.rows:
+            yield Text("")
+            for column, cell in zip(self.columns, row, strict=True):
+                if cell:
+                    yield Text.assemble((f"{column or 'row'}: ", "bold"), Text.from_markup(cell))
+
+
+def table(title: str, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = ()) -> FittedTable:
+    return FittedTable(title, columns, rows, right)
+
+
+def print_json(records: Any) -> None:
+    """Records (dataclasses, or lists and dicts of them) as JSON on stdout: what `--json` prints."""
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return plain(dataclasses.asdict(value))
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    sys.stdout.write(json.dumps(plain(records), indent=2, default=str) + "\n")
 
 
 def duration(seconds: float | None) -> str:
@@ -92,7 +130,7 @@ def step_note(step: StepView) -> str:
     return f"reused from {step.reused_from}" if step.reused_from else step.note
 
 
-def execution_table(view: ExecutionView) -> Table:
+def execution_table(view: ExecutionView) -> FittedTable:
     """The steps of one execution."""
     rows = [
         [escape(s.name), s.type, styled(s.status), s.started, duration(s.seconds) if s.started else "",
@@ -106,11 +144,11 @@ def execution_table(view: ExecutionView) -> Table:
                  ["step", "type", "status", "started", "duration", "attempt", "note"], rows)
 
 
-def parameters_table(view: ExecutionView) -> Table:
+def parameters_table(view: ExecutionView) -> FittedTable:
     return table("parameters", ["name", "value"], [[name, str(value)] for name, value in view.parameters.items()])
 
 
-def executions_table(views: list[ExecutionView], pipeline: str) -> Table:
+def executions_table(views: list[ExecutionView], pipeline: str) -> FittedTable:
     rows = [[v.id, styled(v.status), v.started, v.ended, v.display_name, escape(lineage(v))] for v in views]
     return table(f"executions of {pipeline}", ["execution", "status", "started", "ended", "name", "how"], rows)
 
@@ -134,7 +172,7 @@ def print_status(view: ExecutionView, console: Console) -> None:
 
 
 @contextmanager
-def live(console: Console, render: Callable[[Any], Table], enabled: bool = True) -> Iterator[OnUpdate]:
+def live(console: Console, render: Callable[[Any], RenderableType], enabled: bool = True) -> Iterator[OnUpdate]:
     """A live view: call the yielded function with each new state, shown as `render` draws it."""
     if not enabled:
         yield lambda state: None
@@ -186,13 +224,36 @@ def print_upsert(report: Upserted, name: str, console: Console) -> None:
 # the registry
 
 
-def versions_table(versions: list[VersionView], group: str) -> Table:
+def versions_table(versions: list[VersionView], group: str) -> FittedTable:
     def accuracy(value: Any) -> str:
         return f"{value:.4f}" if isinstance(value, float) else str(value or "-")
 
     rows = [[str(v.version), v.status, accuracy(v.accuracy), v.created] for v in versions]
     return table(f"model package group {group}", ["version", "status", "accuracy", "created"], rows)
 
+
+
+# MLflow runs
+
+RUN_HEADERS = {  # short headers, so that a row fits a terminal
+    "learning_rate": "lr", "batch_size": "batch", "epochs": "epochs", "world_size": "devices",
+    "serving_variant": "serving", "train_loss": "loss", "samples_per_sec": "samples/s",
+    "warmup_s": "warm-up s", "val_accuracy": "val acc", "test_accuracy": "test acc", "eval_f1": "f1",
+}
+
+
+def runs_table(rows: list[RunRow], experiment: str, where: str) -> FittedTable:
+    """One row per execution's MLflow run: key parameters and metrics side by side."""
+    def number(metric: str, value: float | None) -> str:
+        if value is None:
+            return "-"
+        return f"{value:,.1f}" if metric in ("samples_per_sec", "warmup_s") else f"{value:.3f}"
+
+    columns = ["execution", *(RUN_HEADERS.get(c, c) for c in (*KEY_PARAMS, *KEY_METRICS)), "version"]
+    cells = [[escape(row.execution), *(escape(str(row.params.get(p, "-"))) for p in KEY_PARAMS),
+              *(number(m, row.metrics.get(m)) for m in KEY_METRICS), escape(row.tags.get("model_version", "-"))]
+             for row in rows]
+    return table(f"MLflow runs of experiment {escape(experiment)} ({escape(where)})", columns, cells)
 
 # cost
 
@@ -203,7 +264,7 @@ BASIS = {
 }
 
 
-def cost_table(report: ExecutionCost) -> Table:
+def cost_table(report: ExecutionCost) -> FittedTable:
     """The per-job table of `cost`."""
     label = "cost (if billed)" if report.where == "local" else "cost"
     where = "local execution" if report.where == "local" else "execution"
@@ -266,7 +327,7 @@ def print_cost(report: ExecutionCost, console: Console) -> None:
 # compare
 
 
-def compare_status_table(described: list[dict]) -> Table:
+def compare_status_table(described: list[dict]) -> FittedTable:
     rows = []
     for job in described:
         start, end = job.get("CreationTime"), job.get("TrainingEndTime")
@@ -319,7 +380,7 @@ def _header(result: Report) -> list[str]:
     return [r.job.instance_type + (f" x{r.job.count}" if r.job.count > 1 else "") for r in result.rows]
 
 
-def compare_table(result: Report) -> Table:
+def compare_table(result: Report) -> FittedTable:
     """The comparison: one column per instance type, ratios to the first in parentheses."""
     header = _header(result)
     rows = [[label, *(escape(c) for c in cells)] for label, cells in _compare_cells(result)]

@@ -106,7 +106,7 @@ def job_output(s3_output_path: str, job_name: str, archive: str) -> str:
     return f"{s3_output_path.rstrip('/')}/{job_name}/output/{archive}"
 
 
-# Experiment tracking (training/tracking.py, also steps/evaluation/tracking.py): the Train and Evaluate steps'
+# Experiment tracking (steps/tracking.py, shipped in every bundle: it holds these values itself): the steps'
 # environment, the tag that finds an execution's run, and where the report names it (a registered version's metadata
 # value)
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"

@@ -471,7 +471,7 @@ def test_help_lists_the_commands_by_what_they_act_on():
         "models": "Models",
         **dict.fromkeys(("deploy", "promote", "endpoints", "serve"), "Endpoints"),
         "triggers": "Triggers",
-        **dict.fromkeys(("bootstrap", "upsert", "definition", "compare"), "Account"),
+        **dict.fromkeys(("bootstrap", "upsert", "definition", "compare", "config"), "Account"),
     }
 
 

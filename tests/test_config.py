@@ -178,6 +178,39 @@ def test_environment_then_set_overrides_apply_in_that_order():
     assert "eu-west-1" in cfg.image("training")
 
 
+def test_config_show_says_where_each_value_came_from(tmp_path, capsys):
+    """Default, the file, the local profile, the environment, --set: each key's winning layer."""
+    from pipeline.config import effective
+
+    tree = yaml.safe_load(SHIPPED.read_text())
+    tree["aws"]["bucket"], tree["training"]["epochs"] = "file-bucket", 4
+    written = tmp_path / "pipeline.yaml"
+    written.write_text(yaml.safe_dump(tree))
+    sources: dict[str, str] = {}
+    cfg = load_config(written, ["training.epochs=2", "deploy.test={p95_ms: 900}"], local=True, sources=sources,
+                      environ={"TRAINIUM_PIPELINE_REGION": "eu-west-1"})
+    found = {key: (value, source) for key, value, source in effective(cfg, sources)}
+    assert found["aws.bucket"] == ("file-bucket", f"file {written}")
+    assert found["aws.region"] == ("eu-west-1", "environment TRAINIUM_PIPELINE_REGION")
+    assert found["training.epochs"] == (2, "--set")  # over the file and the local profile
+    assert found["training.batch_size"] == (16, f"local.overrides (file {written})")
+    assert found["deploy.test.p95_ms"] == (900, "--set")  # a section set whole
+    assert found["deploy.test.rows"][1] == "--set"  # within the section set whole
+    plain: dict[str, str] = {}
+    shipped = {key: source for key, _, source in effective(load_config(SHIPPED, sources=plain, environ={}), plain)}
+    assert shipped["deploy.auto_promote"] == "default" and shipped["aws.region"] == f"file {SHIPPED}"
+    assert len(found) > 50 and all(source for _, source in found.values())
+
+    from test_local_e2e import cli
+
+    code, (out, err) = cli(capsys, "--config", str(written), "--set", "training.epochs=3", "config", "show", "--json",
+                           split=True)
+    assert code == 0, err
+    assert json.loads(out)["training.epochs"] == {"value": 3, "source": "--set"}
+    code, (out, err) = cli(capsys, "--config", str(written), "config", "show", split=True)
+    assert code == 0 and f'aws.bucket = "file-bucket"  # file {written}' in out.splitlines(), out
+
+
 def test_override_syntax_errors_are_explained():
     with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
         parse_override("training.epochs")

@@ -21,11 +21,11 @@ COPIES = [  # (script, its constant, the contract's value): training/ runs from 
     ("training/train.py", "PREDICTIONS_FILE", contract.PREDICTIONS_FILE),
     ("training/inference.py", "MAX_PAYLOAD_BYTES", contract.MAX_PAYLOAD_BYTES),
     ("training/inference.py", "VARIANT_ATTRIBUTE", contract.VARIANT_ATTRIBUTE),
-    ("training/tracking.py", "TRACKING_URI_ENV", contract.TRACKING_URI_ENV),
-    ("training/tracking.py", "EXPERIMENT_ENV", contract.EXPERIMENT_ENV),
-    ("training/tracking.py", "EXECUTION_ENV", contract.EXECUTION_ENV),
-    ("training/tracking.py", "EXECUTION_TAG", contract.EXECUTION_TAG),
-    ("training/tracking.py", "UNTRACKED", contract.UNTRACKED),
+    ("steps/tracking.py", "TRACKING_URI_ENV", contract.TRACKING_URI_ENV),
+    ("steps/tracking.py", "EXPERIMENT_ENV", contract.EXPERIMENT_ENV),
+    ("steps/tracking.py", "EXECUTION_ENV", contract.EXECUTION_ENV),
+    ("steps/tracking.py", "EXECUTION_TAG", contract.EXECUTION_TAG),
+    ("steps/tracking.py", "UNTRACKED", contract.UNTRACKED),
 ]
 
 
@@ -79,11 +79,6 @@ def test_train_argparse_defaults_equal_the_config_defaults():
 
 def modules() -> list[str]:
     return [m.name for m in pkgutil.walk_packages(pipeline.__path__, "pipeline.")]
-
-
-def test_the_cli_stays_thin():
-    """The CLI module holds options and calls only (modules elsewhere are split at their seams, not at a count)."""
-    assert len((ROOT / "pipeline" / "cli.py").read_text().splitlines()) < 250
 
 
 def test_pipeline_has_no_import_cycle():

@@ -191,7 +191,7 @@ def test_the_handler_deploys_the_step_version_to_staging_with_its_environment(sm
 
 
 # the tracker's MLflow library import, only for a local sqlite:/// store: the Lambda's store is the server's ARN
-LOCAL_STORE = ("steps.deploy.tracking", "mlflow")
+LOCAL_STORE = ("steps.tracking", "mlflow")
 
 
 def test_the_lambda_zip_carries_every_module_the_handler_imports_and_nothing_but_the_standard_library_and_boto3(

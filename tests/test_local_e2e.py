@@ -208,6 +208,12 @@ def test_the_run_is_one_mlflow_run_holding_what_the_step_files_hold(setup, capsy
                     str(folder / "local"))
     assert code == 0, out
     assert execution.id in out.replace("\n", "")  # the table may fold long cells
+    code, out = cli(capsys, *[a for o in overrides for a in ("--set", o)], "runs", "--local", "--json", "--root",
+                    str(folder / "local"))
+    assert code == 0, out
+    (listed,) = json.loads(out)
+    assert listed["run_id"] == run.info.run_id and listed["execution"] == execution.id
+    assert listed["tags"]["model_version"] == str(version.version)
 
 
 def test_gate_else_branch_fails_with_the_message_and_registers_nothing(setup):

@@ -1,16 +1,18 @@
-"""Experiment tracking: training/tracking.py (the steps' tracker) against MLflow's own tracking server and a local
+"""Experiment tracking: steps/tracking.py (the steps' tracker) against MLflow's own tracking server and a local
 store, a server that cannot be reached, the steps' MLflow environment and MlflowConfig in the definition, and the
 execution role's permissions. The end-to-end check (a `run --local` logs one run equal to the step files) is in
 test_local_e2e.py."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 from pathlib import Path
 
@@ -18,13 +20,12 @@ import botocore.session
 import pytest
 from botocore.validate import ParamValidator
 
+from pipeline.code import bundles
 from pipeline.config import load_config
 from pipeline.definition import definition
-from steps import contract
+from steps import contract, tracking
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "training"))
-import tracking  # noqa: E402  (training/tracking.py, as the Train step imports it)
 
 ARN = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/trainium-bert"
 
@@ -183,7 +184,7 @@ def test_two_executions_starting_together_on_a_new_local_store_are_both_tracked(
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     start = str(time.time() + 5)  # both processes imported mlflow by then
-    procs = [subprocess.Popen([sys.executable, "-c", TRACK_AT, str(ROOT / "training"), uri, name, start],
+    procs = [subprocess.Popen([sys.executable, "-c", TRACK_AT, str(shipped_tracker(tmp_path)), uri, name, start],
                               stderr=subprocess.PIPE, text=True) for name in ("exec-a", "exec-b")]
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert not [e for e in errors if "tracking off" in e], errors
@@ -383,7 +384,8 @@ def test_the_tracker_needs_nothing_outside_the_standard_library(uri, tmp_path):
     mlflow, in one line), and the step exits 0 either way."""
     code = ("import tracking\nt = tracking.Tracker('Train')\nt.log(metrics={'a': 1.0})\nt.finish()\n"
             "print('enabled', t.enabled)")
-    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=ROOT / "training",
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                          cwd=shipped_tracker(tmp_path),
                           env={**env(uri, TRACKING_TIMEOUT_S="2"), "PATH": os.environ.get("PATH", "")})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "enabled False"
@@ -404,12 +406,22 @@ def test_an_arn_is_the_regional_endpoint_signed_for_sagemaker_mlflow(monkeypatch
     assert "x-mlflow-sm-tracking-server-arn" in headers["Authorization"]  # the ARN header is signed too
 
 
-def test_the_evaluation_bundle_carries_the_same_tracker():
-    """steps/evaluation/tracking.py links to training/tracking.py; the bundle holds its content."""
-    from pipeline.code import bundles
+def shipped_tracker(folder: Path) -> Path:
+    """`folder` holding tracking.py as the training bundle ships it (a top-level module beside train.py)."""
+    (folder / "tracking.py").write_bytes(bundles()["training"].files["tracking.py"])
+    return folder
 
-    shipped = bundles()["evaluation"].files
-    assert shipped["steps/evaluation/tracking.py"] == (ROOT / "training" / "tracking.py").read_bytes()
+
+def test_every_bundle_that_tracks_carries_the_one_tracker():
+    """steps/tracking.py is the one home: the steps' bundles hold it at its path, the training bundle beside
+    train.py (no symlink, no copy in the tree)."""
+    home = (ROOT / "steps" / "tracking.py").read_bytes()
+    found = bundles()
+    assert found["evaluation"].files["steps/tracking.py"] == home and found["deploy"].files["steps/tracking.py"] == home
+    assert found["training"].files["tracking.py"] == home and "train.py" in found["training"].files
+    with tarfile.open(fileobj=io.BytesIO(found["training"].tarball())) as archive:
+        assert archive.extractfile("tracking.py").read() == home
+    assert not [p for p in ROOT.glob("*/**/tracking.py") if p.is_symlink() or p.read_bytes() == home][1:]
 
 
 # the definition
@@ -563,7 +575,7 @@ def test_a_run_whose_step_was_killed_ends_with_its_local_execution(tmp_path):
            "tracking.Tracker('Train').log(metrics={'a': 1.0})\nos.kill(os.getpid(), 9)\n")
     s3 = LocalS3(tmp_path)
     s3.put_bytes("s3://bucket/code/job.py", job.encode())
-    s3.put_bytes("s3://bucket/code/tracking.py", (ROOT / "training" / "tracking.py").read_bytes())
+    s3.put_bytes("s3://bucket/code/tracking.py", (ROOT / "steps" / "tracking.py").read_bytes())
     code = "/opt/ml/processing/input/code"
     dag = {"Parameters": [], "Steps": [{"Name": "Train", "Type": "Processing", "Arguments": {
         "AppSpecification": {"ContainerEntrypoint": ["python3", f"{code}/job.py"]},

@@ -914,7 +914,9 @@ def write_stats(rt: Runtime, output_data_dir: str, stats: dict) -> None:
 def track(args: argparse.Namespace, rt: Runtime, stats: dict) -> None:
     """The run's parameters, loss and throughput per log interval and final metrics (training_stats.json's) to the
     execution's MLflow run (best effort: see tracking.py)."""
-    import tracking  # beside this script, which torchrun runs from its folder
+    if not os.environ.get("MLFLOW_TRACKING_URI"):  # untracked (a run of this file outside its bundle)
+        return
+    import tracking  # steps/tracking.py, which the training bundle holds beside this script
 
     params = {k: v for k, v in vars(args).items() if not k.endswith("_dir")}
     tracking.Tracker("Train").log(

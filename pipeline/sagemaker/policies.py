@@ -5,7 +5,7 @@ from __future__ import annotations
 from pipeline.config import Config
 from pipeline.deploy_settings import MARKERS
 from steps.contract import EVALUATION_OUTPUT, REPORT_FILE, SAMPLE_FILE
-from steps.deploy.tracking import END_RUN_ACTIONS
+from steps.tracking import END_RUN_ACTIONS
 
 AUTOSCALING_SLR = ("role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
                    "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")

@@ -30,9 +30,9 @@ import os
 import time
 from typing import Any
 
-from steps import contract
+from steps import contract, tracking
 from steps.contract import APPROVED, DEPLOY_LAMBDA_TIMEOUT_S, MODEL_PACKAGE_EVENT
-from steps.deploy import lifecycle, sagemaker_account, sagemaker_endpoints, tracking
+from steps.deploy import lifecycle, sagemaker_account, sagemaker_endpoints
 
 ENDPOINT_EVENT = "SageMaker Endpoint State Change"
 EXECUTION_EVENT = "SageMaker Model Building Pipeline Execution Status Change"

@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from steps.evaluation import quality, tracking
+from steps import tracking
+from steps.evaluation import quality
 
 
 def log(result: dict[str, Any], args: argparse.Namespace, report: Path) -> None:
