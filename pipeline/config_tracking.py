@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import Field
 
 from pipeline.config_base import MLFLOW_ARN, Section, pattern
+from steps import contract
 
 
 class Tracking(Section):
@@ -22,3 +24,16 @@ class Tracking(Section):
 def experiment(cfg: Any) -> str:
     """The MLflow experiment of the pipeline's runs: tracking.experiment, else the pipeline's name."""
     return cfg.tracking.experiment or cfg.pipeline.name
+
+
+def tracking_prefix(cfg: Any) -> str:
+    """The S3 folder of the tracking file (Train's and Evaluate's "tracking" input): one fixed key, so that
+    tracking's settings are in no step's cache key."""
+    return f"{cfg.s3_root}/{contract.TRACKING_INPUT}/"
+
+
+def tracking_settings(cfg: Any) -> tuple[str, bytes]:
+    """The tracking file that `upsert` writes (its S3 URI and content): the MLflow server (none on AWS without
+    tracking.server_arn; the local runner points the steps at its own store) and the experiment."""
+    settings = {"uri": cfg.tracking.server_arn or "", "experiment": experiment(cfg)}
+    return tracking_prefix(cfg) + contract.TRACKING_FILE, json.dumps(settings, sort_keys=True).encode()

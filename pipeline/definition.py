@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.code import bundles
 from pipeline.config import Config
-from pipeline.config_tracking import experiment
+from pipeline.config_tracking import experiment, tracking_prefix
 from pipeline.sdk import MODEL_INPUT, StepParts, offline_sdk
 from steps import contract
 
@@ -148,9 +148,11 @@ class Steps(StepParts):
             "HF_HUB_DISABLE_TELEMETRY": "1",
             **TRAINING_ENVIRONMENT,
             **self.hub_offline,
-            **({"RUN_NEURON_PARALLEL_COMPILE": "1"} if precompile else self.tracking()),
+            **({"RUN_NEURON_PARALLEL_COMPILE": "1"} if precompile else {}),
         }
         channels = [InputData(channel_name=name, data_source=self.output(tokenize, name)) for name in contract.SPLITS]
+        if not precompile:
+            channels.append(InputData(channel_name=contract.TRACKING_INPUT, data_source=tracking_prefix(cfg)))
         if self.staged_model:
             channels.append(InputData(channel_name="model", data_source=training.model_id))
         return ModelTrainer(
@@ -200,14 +202,6 @@ class Steps(StepParts):
         return Join(on="/", values=[self.cfg.checkpoint_s3_uri, digest, tokenize.properties.ProcessingJobName,
                                     *unwrapped])
 
-    def tracking(self) -> dict[str, Any]:
-        """The MLflow environment of Train and Evaluate (steps/tracking.py): the tracking server (none on AWS without
-        tracking.server_arn; the local runner sets its own store) and the experiment. Nothing that differs per
-        execution (a step reads its execution from its job's name): the Environment is part of a step's cache key."""
-        server = self.cfg.tracking.server_arn
-        return {**({contract.TRACKING_URI_ENV: server} if server else {}),
-                contract.EXPERIMENT_ENV: experiment(self.cfg)}
-
     # 3. Evaluate: the whole test split's metrics from the Train step's predictions, checked on a sample here.
     def evaluate(self, tokenize: ProcessingStep, train: TrainingStep, report: PropertyFile) -> ProcessingStep:
         from sagemaker.mlops.workflow.steps import ProcessingStep
@@ -215,9 +209,10 @@ class Steps(StepParts):
         evaluation = self.cfg.evaluation
         return ProcessingStep(
             name=contract.EVALUATE,
-            step_args=self.processor("evaluation", evaluation, self.cfg.image("evaluation"), self.tracking()).run(
+            step_args=self.processor("evaluation", evaluation, self.cfg.image("evaluation")).run(
                 inputs=[
                     *self.code_inputs("evaluation"),
+                    self.s3_input(contract.TRACKING_INPUT, tracking_prefix(self.cfg), contract.TRACKING_DIR),
                     self.s3_input("model", train.properties.ModelArtifacts.S3ModelArtifacts, contract.MODEL_DIR),
                     self.s3_input("test", self.output(tokenize, "test"), contract.TEST_DIR),
                 ],
@@ -234,6 +229,7 @@ class Steps(StepParts):
                         "--sample-size": str(evaluation.sample_size),
                         "--min-agreement": str(evaluation.min_agreement),
                         "--seed": str(self.cfg.training.seed),
+                        "--tracking-dir": contract.TRACKING_DIR,
                         "--int8-tolerance": str(evaluation.int8_tolerance),
                     }),
                     "--int8" if evaluation.int8 else "--no-int8",

@@ -106,9 +106,14 @@ def job_output(s3_output_path: str, job_name: str, archive: str) -> str:
     return f"{s3_output_path.rstrip('/')}/{job_name}/output/{archive}"
 
 
-# Experiment tracking (steps/tracking.py, shipped in every bundle: it holds these values itself): the steps'
-# environment, the tag that finds an execution's run, and where the report names it (a registered version's metadata
-# value)
+# Experiment tracking (steps/tracking.py, shipped in every bundle: it holds these values itself): where the server and
+# the experiment are (a file that `upsert` writes, in Train's channel and Evaluate's input named "tracking": its S3
+# key is fixed, so that turning tracking on or renaming the experiment changes no cache key; the environment wins,
+# which is how the local runner points the steps at its own store), the tag that finds an execution's run, and where
+# the report names it (a registered version's metadata value)
+TRACKING_INPUT = "tracking"
+TRACKING_FILE = "tracking.json"
+TRACKING_DIR = f"{PROCESSING}/input/tracking"  # Evaluate's copy of the file's folder (Train's: $SM_CHANNEL_TRACKING)
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 EXECUTION_ENV = "PIPELINE_EXECUTION_ID"

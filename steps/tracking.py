@@ -32,8 +32,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+TRACKING_FILE = "tracking.json"  # {"uri", "experiment"}: in the folder the step is given (its "tracking" input)
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 EXECUTION_ENV = "PIPELINE_EXECUTION_ID"
@@ -259,15 +261,25 @@ def execution_id(env: dict[str, str] | os._Environ, processing_config: str = PRO
     return found.group(1) if found else ""
 
 
+def settings(folder: str | None) -> dict[str, Any]:
+    """The tracking file in `folder` (the step's "tracking" input: {"uri", "experiment"}), {} when there is none."""
+    try:
+        found = json.loads((Path(folder) / TRACKING_FILE).read_text()) if folder else {}
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 class Tracker:
     """This step's view of its execution's run. Once a request fails, tracking is off for the step (`off_reason`):
     logging stops, but finish() and fail() still try to end a run it has, so that none stays RUNNING."""
 
-    def __init__(self, step: str, environ: dict[str, str] | None = None) -> None:
+    def __init__(self, step: str, environ: dict[str, str] | None = None, settings_dir: str | None = None) -> None:
         env = os.environ if environ is None else environ
         self.step, self.run_id, self.store, self.off_reason = step, None, None, None
-        self.uri = env.get(TRACKING_URI_ENV, "")
-        self.experiment = env.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
+        given = settings(settings_dir)
+        self.uri = env.get(TRACKING_URI_ENV) or given.get("uri") or ""
+        self.experiment = env.get(EXPERIMENT_ENV) or given.get("experiment") or DEFAULT_EXPERIMENT
         self.execution = execution_id(env) if self.uri else ""
         if not (self.uri and self.execution):
             return

@@ -26,6 +26,7 @@ COPIES = [  # (script, its constant, the contract's value): training/ runs from 
     ("steps/tracking.py", "EXECUTION_ENV", contract.EXECUTION_ENV),
     ("steps/tracking.py", "EXECUTION_TAG", contract.EXECUTION_TAG),
     ("steps/tracking.py", "UNTRACKED", contract.UNTRACKED),
+    ("steps/tracking.py", "TRACKING_FILE", contract.TRACKING_FILE),
 ]
 
 

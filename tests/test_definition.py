@@ -99,8 +99,9 @@ def test_steps_types_and_wiring(dag, steps):
         for c in steps["Train"]["Arguments"]["InputDataConfig"]
     }
     assert train_channels == {
-        split: {"Get": f"Steps.Tokenize.ProcessingOutputConfig.Outputs['{split}'].S3Output.S3Uri"}
-        for split in ("train", "validation", "test")
+        **{split: {"Get": f"Steps.Tokenize.ProcessingOutputConfig.Outputs['{split}'].S3Output.S3Uri"}
+           for split in ("train", "validation", "test")},
+        "tracking": "s3://my-sagemaker-bucket/trainium-bert/tracking/",  # the tracking file, at a fixed key
     }
     evaluate_inputs = {
         i["InputName"]: i["S3Input"]["S3Uri"] for i in steps["Evaluate"]["Arguments"]["ProcessingInputs"]
@@ -423,16 +424,17 @@ def test_precompile_fills_the_compile_cache_before_train(steps, no_network_modul
     """The training toolkit's switch runs neuron_parallel_compile over train.py --precompile, on the same data,
     image, instances and hyperparameters as Train, into the S3 cache Train reads; Train waits for it."""
     precompile, train = steps["Precompile"]["Arguments"], steps["Train"]["Arguments"]
-    untracked = {k: v for k, v in train["Environment"].items() if not k.startswith("MLFLOW_")}  # it trains nothing
-    assert precompile["Environment"] == {**untracked, "RUN_NEURON_PARALLEL_COMPILE": "1"}
+    assert precompile["Environment"] == {**train["Environment"], "RUN_NEURON_PARALLEL_COMPILE": "1"}
     train_keys = train["HyperParameters"]
     assert precompile["HyperParameters"] == {
         **{k: v for k, v in train_keys.items() if k in PRECOMPILE_HYPERPARAMETERS or k.startswith("sagemaker_")},
         "precompile": "true",
     }
     assert {"epochs", "learning-rate", "log-interval"} <= set(train_keys) - set(precompile["HyperParameters"])
-    for same in ("AlgorithmSpecification", "InputDataConfig", "ResourceConfig"):
+    for same in ("AlgorithmSpecification", "ResourceConfig"):
         assert precompile[same] == train[same], same
+    untracked = [c for c in train["InputDataConfig"] if c["ChannelName"] != "tracking"]  # it trains nothing
+    assert precompile["InputDataConfig"] == untracked
     assert "CheckpointConfig" not in precompile  # it saves nothing to resume from
     assert steps["Train"]["DependsOn"] == ["Precompile"]
     native = ["training.backend=native", "images.training=123456789012.dkr.ecr.us-east-1.amazonaws.com/torchneuron:1"]

@@ -22,6 +22,7 @@ from botocore.validate import ParamValidator
 
 from pipeline.code import bundles
 from pipeline.config import load_config
+from pipeline.config_tracking import tracking_prefix, tracking_settings
 from pipeline.definition import definition
 from steps import contract, tracking
 
@@ -446,18 +447,37 @@ def test_mlflow_config_names_the_server_and_the_experiment(tracked_dag):
     assert __import__("re").fullmatch(pattern, ARN)
 
 
-def test_train_and_evaluate_get_the_server_and_the_experiment_and_nothing_per_execution(tracked_dag):
-    """The Environment is part of a step's cache key: a value that differs per execution (the execution id) would
-    make every execution re-run Train; the steps read their execution from their job's name instead."""
+def test_tracking_changes_no_job_step_so_no_cache_key(tracked_dag, no_network_module):
+    """Turning tracking on or renaming the experiment re-runs no step: every job step's arguments (its cache key
+    attributes, Train's checkpoint folder included) are those of the untracked pipeline; Train and Evaluate read
+    the server and the experiment from the tracking file at a fixed S3 key, which `upsert` writes."""
+    untracked = json.loads(definition(load_config(ROOT / "pipeline.yaml", environ={})))
+    renamed = json.loads(definition(tracked_config(**{"tracking.experiment": "another"})))
+    for dag in (tracked_dag, renamed):
+        assert [s for s in dag["Steps"] if s["Type"] != "Condition"] == [
+            s for s in untracked["Steps"] if s["Type"] != "Condition"]
     steps = {s["Name"]: s for s in tracked_dag["Steps"]}
-    evaluate = steps["Evaluate"]["Arguments"]["Environment"]
-    train = steps["Train"]["Arguments"]["Environment"]
-    for environment in (train, evaluate):
-        assert environment[contract.TRACKING_URI_ENV] == ARN
-        assert environment[contract.EXPERIMENT_ENV] == "trainium-bert"
-        assert contract.EXECUTION_ENV not in environment
-        assert "Execution." not in json.dumps(environment)
-    assert contract.EXPERIMENT_ENV not in steps["Tokenize"]["Arguments"]["Environment"]
+    for name in ("Tokenize", "Train", "Evaluate"):
+        assert not {contract.TRACKING_URI_ENV, contract.EXPERIMENT_ENV} & set(steps[name]["Arguments"]["Environment"])
+    (channel,) = [c for c in steps["Train"]["Arguments"]["InputDataConfig"] if c["ChannelName"] == "tracking"]
+    (given,) = [i for i in steps["Evaluate"]["Arguments"]["ProcessingInputs"] if i["InputName"] == "tracking"]
+    assert channel["DataSource"]["S3DataSource"]["S3Uri"] == given["S3Input"]["S3Uri"] == tracking_prefix(
+        tracked_config())
+    uri, data = tracking_settings(tracked_config(**{"tracking.experiment": "another"}))
+    assert uri == tracking_prefix(tracked_config()) + contract.TRACKING_FILE
+    assert json.loads(data) == {"uri": ARN, "experiment": "another"}
+
+
+def test_a_step_reads_the_tracking_file_and_its_environment_wins(tmp_path):
+    (tmp_path / contract.TRACKING_FILE).write_text(json.dumps({"uri": ARN, "experiment": "from-file"}))
+    job = {"TRAINING_JOB_NAME": "pipelines-7pd2w9c4n1hs-Train-tn2bx5qwc8", "TRACKING_TIMEOUT_S": "1"}
+    found = tracking.Tracker("Train", job, settings_dir=str(tmp_path))
+    assert (found.uri, found.experiment, found.execution) == (ARN, "from-file", "7pd2w9c4n1hs")
+    local = tracking.Tracker("Train", {**job, contract.TRACKING_URI_ENV: "http://127.0.0.1:9"}, str(tmp_path))
+    assert (local.uri, local.experiment) == ("http://127.0.0.1:9", "from-file")  # the local runner's store
+    assert tracking.Tracker("Train", job, settings_dir=str(tmp_path / "absent")).uri == ""  # untracked
+    (tmp_path / contract.TRACKING_FILE).write_text("{not json")
+    assert tracking.Tracker("Train", job, settings_dir=str(tmp_path)).uri == ""
 
 
 def test_a_sagemaker_job_finds_its_execution_in_its_name(tmp_path):
@@ -479,10 +499,9 @@ def test_the_registered_version_carries_the_run_id(tracked_dag):
 
 
 def test_without_a_server_there_is_no_mlflow_config_and_no_server_uri(no_network_module):
-    dag = json.loads(definition(load_config(ROOT / "pipeline.yaml", environ={})))
-    assert dag["MlflowConfig"] is None
-    train = next(s for s in dag["Steps"] if s["Name"] == "Train")["Arguments"]["Environment"]
-    assert contract.TRACKING_URI_ENV not in train and train[contract.EXPERIMENT_ENV] == "trainium-bert"
+    cfg = load_config(ROOT / "pipeline.yaml", environ={})
+    assert json.loads(definition(cfg))["MlflowConfig"] is None
+    assert json.loads(tracking_settings(cfg)[1]) == {"uri": "", "experiment": "trainium-bert"}
 
 
 @pytest.mark.parametrize("arn", [
@@ -572,15 +591,17 @@ def test_a_run_whose_step_was_killed_ends_with_its_local_execution(tmp_path):
     from pipeline.local.storage import LocalS3
 
     job = ("import os, sys\nsys.path.insert(0, os.path.dirname(__file__))\nimport tracking\n"
-           "tracking.Tracker('Train').log(metrics={'a': 1.0})\nos.kill(os.getpid(), 9)\n")
+           "tracking.Tracker('Train', settings_dir=sys.argv[1]).log(metrics={'a': 1.0})\nos.kill(os.getpid(), 9)\n")
     s3 = LocalS3(tmp_path)
     s3.put_bytes("s3://bucket/code/job.py", job.encode())
     s3.put_bytes("s3://bucket/code/tracking.py", (ROOT / "steps" / "tracking.py").read_bytes())
+    s3.put_bytes("s3://bucket/tracking/tracking.json", json.dumps({"uri": "", "experiment": "bert"}).encode())
     code = "/opt/ml/processing/input/code"
     dag = {"Parameters": [], "Steps": [{"Name": "Train", "Type": "Processing", "Arguments": {
-        "AppSpecification": {"ContainerEntrypoint": ["python3", f"{code}/job.py"]},
-        "Environment": {contract.EXPERIMENT_ENV: "bert"},
-        "ProcessingInputs": [{"InputName": "code", "S3Input": {"S3Uri": "s3://bucket/code/", "LocalPath": code}}],
+        "AppSpecification": {"ContainerEntrypoint": ["python3", f"{code}/job.py", contract.TRACKING_DIR]},
+        "ProcessingInputs": [{"InputName": "code", "S3Input": {"S3Uri": "s3://bucket/code/", "LocalPath": code}},
+                             {"InputName": "tracking", "S3Input": {"S3Uri": "s3://bucket/tracking/",
+                                                                   "LocalPath": contract.TRACKING_DIR}}],
         "ProcessingOutputConfig": {"Outputs": []}}}]}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     execution = LocalRunner(dag, "demo", tmp_path, tracking_uri=uri).run({})

@@ -914,12 +914,13 @@ def write_stats(rt: Runtime, output_data_dir: str, stats: dict) -> None:
 def track(args: argparse.Namespace, rt: Runtime, stats: dict) -> None:
     """The run's parameters, loss and throughput per log interval and final metrics (training_stats.json's) to the
     execution's MLflow run (best effort: see tracking.py)."""
-    if not os.environ.get("MLFLOW_TRACKING_URI"):  # untracked (a run of this file outside its bundle)
+    channel = os.environ.get("SM_CHANNEL_TRACKING")  # the job's "tracking" channel: where the server is
+    if not (channel or os.environ.get("MLFLOW_TRACKING_URI")):  # untracked (a run of this file outside its bundle)
         return
     import tracking  # steps/tracking.py, which the training bundle holds beside this script
 
     params = {k: v for k, v in vars(args).items() if not k.endswith("_dir")}
-    tracking.Tracker("Train").log(
+    tracking.Tracker("Train", settings_dir=channel).log(
         metrics={k: stats.get(k) for k in TRACKED_STATS},
         params={**params, "device": rt.device_type, "world_size": rt.world_size, "bf16": rt.bf16},
         curves={"train_loss": [(i["step"], i["loss"]) for i in stats["intervals"]],

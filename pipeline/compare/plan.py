@@ -21,7 +21,7 @@ from pipeline.dag.requests import RequestError, validate
 from pipeline.dag.requests import resolve as resolve_request
 from pipeline.devices import DEVICES, device_kind, global_batch_size
 from pipeline.errors import UserError
-from steps.contract import SPLITS, TRAIN
+from steps.contract import SPLITS, TRACKING_INPUT, TRAIN
 
 COMPARE_TAG = "trainium-pipeline:compare"
 DEFAULT_MAX_STEPS = 1000
@@ -188,6 +188,8 @@ def plan(
                 "sagemaker_instance_type": instance_type,
             }
         )
+        request["InputDataConfig"] = [  # a compare job is no execution: nothing to track (the file may not exist)
+            c for c in request["InputDataConfig"] if c["ChannelName"] != TRACKING_INPUT]
         request["OutputDataConfig"]["S3OutputPath"] = f"{cfg.s3_root}/compare/{run_id}"
         if "CheckpointConfig" in request:  # a fresh location: never resume from another run's checkpoint
             request["CheckpointConfig"]["S3Uri"] = f"{cfg.checkpoint_s3_uri}/compare/{name}"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.code import job_bundles
 from pipeline.config import Config, check_parameter_values
+from pipeline.config_tracking import tracking_settings
 from pipeline.cost import ExecutionCost, stats_from_tarball
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.parameters import ParameterError, resolve
@@ -67,12 +68,13 @@ class LocalBackend:
 
     def upsert(self) -> Upserted:
         """What `upsert` does on AWS: check the job steps as requests, put the step code at its content-hashed keys
-        and store the definition."""
+        and the tracking file at its own, and store the definition."""
         check_job_steps(self.definition)
         stored = self.layout.pipeline_definition(self.pipeline)
         report = Upserted(action="updated" if stored.exists() else "created",
                           pipeline_arn=f"{LOCAL_ARN}:pipeline/{self.pipeline.lower()}",
                           deploy_function="local (steps/deploy/ on the local account)")
+        self.s3.put_bytes(*tracking_settings(self.cfg))  # always: its key is fixed
         for bundle in job_bundles():
             for uri, data in bundle.uploads(self.cfg.s3_root).items():
                 if self.s3.path(uri).exists():

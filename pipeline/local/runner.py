@@ -28,6 +28,7 @@ from pipeline.local.execution import Execution, ExecutionState, StepRecord, now
 from pipeline.local.jobs import StepFailed, run_processing, run_training
 from pipeline.local.storage import DEFINITION_FILE, Layout, LocalS3
 from steps import contract
+from steps.tracking import DEFAULT_EXPERIMENT, settings
 
 
 class StepServices(Protocol):
@@ -175,10 +176,11 @@ class LocalRunner:
 
     def local_environment(self, args: dict, execution: str) -> dict:
         """A job's arguments with this machine's MLflow store as its tracking URI and the execution to track, where
-        the definition has the step track (it names an experiment): a local run never logs to the configured server."""
-        environment = args.get("Environment") or {}
-        if not (self.tracking_uri and contract.EXPERIMENT_ENV in environment):
+        the definition has the step track (it has a "tracking" input): a local run never logs to the configured
+        server."""
+        if not (self.tracking_uri and tracking_input(args)):
             return args
+        environment = args.get("Environment") or {}
         return {**args, "Environment": {**environment, contract.TRACKING_URI_ENV: self.tracking_uri,
                                         contract.EXECUTION_ENV: execution}}
 
@@ -250,8 +252,9 @@ class LocalRunner:
         from pipeline.tracking.store import end_open_run
 
         for step in self.graph.steps.values():
-            experiment = (step.get("Arguments", {}).get("Environment") or {}).get(contract.EXPERIMENT_ENV)
-            if isinstance(experiment, str):
+            folder = tracking_input(step.get("Arguments", {}))
+            if isinstance(folder, str):
+                experiment = settings(str(self.s3.path(folder))).get("experiment") or DEFAULT_EXPERIMENT
                 end_open_run(self.tracking_uri, experiment, execution.id,
                              "FAILED" if execution.status == "Failed" else "KILLED")
                 return
@@ -286,3 +289,15 @@ class LocalRunner:
             record.status, record.reason = "Failed", f"the local runner failed: {type(e).__name__}: {e}"
         finally:
             record.ended, record.seconds = now(), round(time.monotonic() - started, 2)
+
+
+def tracking_input(args: dict) -> str | None:
+    """The S3 folder of a job's "tracking" input (a training channel or a processing input), else None."""
+    for channel in args.get("InputDataConfig") or []:
+        if channel.get("ChannelName") == contract.TRACKING_INPUT:
+            return channel.get("DataSource", {}).get("S3DataSource", {}).get("S3Uri")
+    for given in args.get("ProcessingInputs") or []:
+        if given.get("InputName") == contract.TRACKING_INPUT:
+            return given.get("S3Input", {}).get("S3Uri")
+    return None
+

@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.code import LAMBDA, bundles, job_bundles
 from pipeline.config import Config
+from pipeline.config_tracking import tracking_settings
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.requests import check_job_steps
 from pipeline.deploy_settings import settings
@@ -126,7 +127,11 @@ def _put_event_invoke_config(cfg: Config, lam: Any) -> bool:
 
 
 def upload_code(cfg: Config, aws: Aws, report: Upserted) -> None:
-    """Upload each code object unless its content-hashed key already exists."""
+    """Upload each code object unless its content-hashed key already exists, and the tracking file (always: its key
+    is fixed)."""
+    uri, settings = tracking_settings(cfg)
+    with explained(f"upload {uri}"):
+        aws.put_object(uri, settings, cfg.aws.kms_key_id)
     for bundle in job_bundles():
         for uri, data in bundle.uploads(cfg.s3_root).items():
             with explained(f"upload {uri}"):

@@ -363,6 +363,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-agreement", type=float, default=0.99,
                    help="least share of sampled rows on which the CPU agrees with the Train step's predictions")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--tracking-dir", help="the folder of tracking.json (where the MLflow server is; none: untracked)")
     p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
                    help="consider the int8 variants for the endpoint (default on)")
     p.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         evaluation_tracking.log(run(args), args, Path(args.output_dir) / REPORT_FILE)
     except BaseException as e:  # the execution's run ends FAILED, whatever ended the step
-        evaluation_tracking.failed()
+        evaluation_tracking.failed(args)
         if not isinstance(e, StepError):
             raise
         print(f"evaluate failed: {e}", file=sys.stderr)

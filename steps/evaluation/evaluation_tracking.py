@@ -18,7 +18,7 @@ def log(result: dict[str, Any], args: argparse.Namespace, report: Path) -> None:
     inference = result["inference"]
     metrics = {f"eval_{name}": m["value"] for name, m in result["binary_classification_metrics"].items()
                if isinstance(m, dict) and isinstance(m.get("value"), int | float)}
-    tracker = tracking.Tracker("Evaluate")
+    tracker = tracking.Tracker("Evaluate", settings_dir=args.tracking_dir)
     tracker.log(
         metrics={**metrics, "eval_cpu_agreement": result["check"]["agreement"],
                  "serving_accuracy": inference.get("accuracy"),
@@ -34,6 +34,6 @@ def log(result: dict[str, Any], args: argparse.Namespace, report: Path) -> None:
     report.write_text(quality.report_json(result))
 
 
-def failed() -> None:
+def failed(args: argparse.Namespace) -> None:
     """Mark the execution's run FAILED (the Train step made it; best effort, see tracking.py)."""
-    tracking.Tracker("Evaluate").fail()
+    tracking.Tracker("Evaluate", settings_dir=args.tracking_dir).fail()
