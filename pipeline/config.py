@@ -158,7 +158,8 @@ class Triggers(Section):
         return self
 
 
-# What `run --local` changes by default: laptop-sized values of the real keys (any key may be overridden).
+# What `run --local` changes: laptop-sized values of the real keys (the one home of this profile; local.overrides in
+# a config file changes or adds keys of it).
 LOCAL_OVERRIDES: dict[str, Any] = {
     "data": {"source": "sample:2000"},
     "training": {
@@ -170,8 +171,9 @@ LOCAL_OVERRIDES: dict[str, Any] = {
         "log_interval": 10,
         "compile_ahead": False,  # neuron_parallel_compile is a Neuron tool: nothing to compile ahead on a laptop
     },
+    # 200 test rows bound an accuracy loss to about 2 points at best, never to 0.5
     "evaluation": {"accuracy_threshold": 0.7, "int8_tolerance": 0.03},
-    "registry": {"approval_status": "Approved"},
+    "registry": {"approval_status": "Approved"},  # local runs deploy at once
     "deploy": {"auto_promote": True, "test": {"p95_ms": 2000.0}},  # a laptop shared with the pipeline's own jobs
 }
 
@@ -417,8 +419,10 @@ def load_config(
     if tree.get("local") is None:
         tree["local"] = {}
     section = tree["local"]
-    if isinstance(section, dict) and section.get("overrides") is None:  # the profile that --set local.* changes
-        section["overrides"] = copy.deepcopy(LOCAL_OVERRIDES)
+    if isinstance(section, dict) and isinstance(section.get("overrides"), dict | None):
+        profile = copy.deepcopy(LOCAL_OVERRIDES)  # the laptop profile, which the file's keys change (not replace)
+        merge(profile, section.get("overrides") or {})
+        section["overrides"] = profile
     for key, value, source in typed:  # the local section first: its overrides may themselves be set
         if key.startswith("local."):
             set_path(tree, key, value)

@@ -193,7 +193,7 @@ def test_config_show_says_where_each_value_came_from(tmp_path, capsys):
     assert found["aws.bucket"] == ("file-bucket", f"file {written}")
     assert found["aws.region"] == ("eu-west-1", "environment TRAINIUM_PIPELINE_REGION")
     assert found["training.epochs"] == (2, "--set")  # over the file and the local profile
-    assert found["training.batch_size"] == (16, f"local.overrides (file {written})")
+    assert found["training.batch_size"] == (16, "local.overrides (default)")  # the laptop profile's own
     assert found["deploy.test.p95_ms"] == (900, "--set")  # a section set whole
     assert found["deploy.test.rows"][1] == "--set"  # within the section set whole
     plain: dict[str, str] = {}
@@ -312,7 +312,7 @@ def test_set_reaches_every_key_and_empty_sections():
 
 
 def test_setting_one_local_override_keeps_the_rest_of_the_laptop_profile(tmp_path):
-    """Without a local.overrides section, --set local.overrides.X changes the default profile, not replaces it."""
+    """--set local.overrides.X, or the file's local.overrides, changes keys of the laptop profile, not replaces it."""
     tree = yaml.safe_load(SHIPPED.read_text())
     del tree["local"]
     path = tmp_path / "no-local.yaml"
@@ -320,6 +320,11 @@ def test_setting_one_local_override_keeps_the_rest_of_the_laptop_profile(tmp_pat
     cfg = load_config(path, ["local.overrides.training.epochs=3"], environ={}, local=True)
     assert (cfg.training.epochs, cfg.data.source, cfg.registry.approval_status) == (3, "sample:2000", "Approved")
     assert cfg.training.model_id != "bert-base-uncased"
+    tree["local"] = {"overrides": {"training": {"epochs": 4}, "evaluation": {"sample_size": 50}}}
+    path.write_text(yaml.safe_dump(tree))
+    cfg = load_config(path, environ={}, local=True)
+    assert (cfg.training.epochs, cfg.training.batch_size, cfg.evaluation.sample_size) == (4, 16, 50)
+    assert cfg.data.source == "sample:2000" and load_config(path, environ={}).training.epochs != 4
 
 
 @pytest.mark.parametrize(("parameters", "message"), [

@@ -538,6 +538,9 @@ def test_the_execution_role_may_make_the_trackers_calls_on_the_tracking_server_o
     server = TEMPLATE["Resources"]["TrackingServer"]
     assert server["Condition"] == "CreatesTrackingServer"
     assert server["Properties"]["RoleArn"] == {"Fn::GetAtt": ["ExecutionRole", "Arn"]}
+    # the role's S3 access is a policy resource of its own, which the role's ARN does not wait for
+    assert server["DependsOn"] == "ExecutionRolePolicy"
+    assert "PrefixObjects" in json.dumps(TEMPLATE["Resources"]["ExecutionRolePolicy"])
     policy = TEMPLATE["Resources"]["ExecutionRoleTrackingPolicy"]["Properties"]["PolicyDocument"]
     created, configured = policy["Statement"][0]["Resource"]["Fn::If"][1:]
     assert policy["Statement"][0]["Resource"]["Fn::If"][0] == "CreatesTrackingServer"
