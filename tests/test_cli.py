@@ -489,13 +489,13 @@ def test_models_list_filters_by_a_status(tmp_path, capsys):
 
 WAITING_COMMAND = """
 import time, typer
-from pipeline import terminal
+from pipeline.cli import shared
 app = typer.Typer()
 @app.command()
 def wait() -> None:
     print("ready", flush=True)
     time.sleep(60)
-terminal.run(app)
+shared.run(app)
 """
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from test_lifecycle_local import Account
 
 from pipeline import views
-from pipeline.lifecycle_commands import endpoints_table
+from pipeline.cli.endpoints import endpoints_table
 from pipeline.records import ExecutionView, StageView, StepView, VersionView
 from pipeline.tracking.store import RunRow
 

@@ -1,5 +1,5 @@
-"""What the command modules share: the two consoles, the global options (which typer keeps in `ctx.obj`) and how a
-command ends in failure (`run`)."""
+"""What the CLI's panels share: the two consoles, the global options (which typer keeps in `ctx.obj`), the options
+several commands take, and how a command ends in failure (`run`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ INTERRUPTED_EXIT = 130  # what Typer exits with, silently, when a command is int
 
 LOCAL = Annotated[bool, typer.Option("--local", help="On this machine: local runner, registry and endpoint.")]
 ROOT = Annotated[Path | None, typer.Option(help="Folder of the local account (default local.root).")]
+JSON = Annotated[bool, typer.Option("--json", help="Print the records as JSON (for scripts).")]
+EXECUTION = Annotated[str | None, typer.Argument(help="Execution id or ARN (default: latest).")]
 
 
 @dataclass(frozen=True)

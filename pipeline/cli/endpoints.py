@@ -1,5 +1,5 @@
-"""The lifecycle's commands beside `models approve / reject` and `deploy`: `promote N` and `endpoints`, and how a
-lifecycle command reports (one line per thing done; a failed deploy exits 1 with its line) and renders."""
+"""The Endpoints panel: `deploy`, `promote`, `endpoints`, `serve`; how a lifecycle command reports (one line per
+thing done; a failed deploy exits 1 with its line) and renders."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from pipeline.cli.shared import JSON, LOCAL, ROOT, console
 from pipeline.errors import UserError
-from pipeline.records import Changes, StageView
-from pipeline.terminal import LOCAL, ROOT, console
+from pipeline.records import Changes, StageView, VersionView
 from pipeline.views import FittedTable, print_json, styled, table
+
+PANEL = "Endpoints"
 
 
 class LifecycleFailed(UserError, RuntimeError):
@@ -45,9 +47,7 @@ def promote(
     print_changes(ctx.obj.backend(local, root).promote(version))
 
 
-def endpoints(ctx: typer.Context, local: LOCAL = False, root: ROOT = None,
-              as_json: Annotated[bool, typer.Option("--json", help="Print the records as JSON (for scripts).")] = False,
-              ) -> None:
+def endpoints(ctx: typer.Context, local: LOCAL = False, root: ROOT = None, as_json: JSON = False) -> None:
     """The staging and production endpoints: version served, status, instances, scaling bounds, last test."""
     target = ctx.obj.backend(local, root)
     found = target.endpoints()
@@ -58,3 +58,33 @@ def endpoints(ctx: typer.Context, local: LOCAL = False, root: ROOT = None,
         console.print(line, markup=False, highlight=False)
     if local:
         console.print("there is no scaling locally: each local endpoint is one worker process", style="dim")
+
+
+def serve(
+    ctx: typer.Context,
+    version: Annotated[int | None, typer.Option(help="Model version (default: latest Approved).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default local.port).")] = None,
+    stop: Annotated[bool, typer.Option(
+        "--stop", help="Stop the local endpoints (staging and production) left running by run --local.")] = False,
+    root: ROOT = None,
+) -> None:
+    """Serve a local model version on 127.0.0.1 in the foreground (Ctrl-C stops), or --stop the background one."""
+    target = ctx.obj.backend(local=True, root=root)
+    if stop:
+        stopped = target.stop_endpoint()
+        console.print(f"local endpoints {'stopped' if stopped else 'were not running'}")
+        return
+
+    def ready(url: str, chosen: VersionView) -> None:
+        console.print(f"serving version {chosen.version} at {url} (Ctrl-C stops)")
+
+    target.serve(version, port, on_ready=ready)
+
+def deploy(ctx: typer.Context, version: int, local: LOCAL = False, root: ROOT = None) -> None:
+    """Deploy an Approved version to the staging endpoint and test it there (production: promote)."""
+    print_changes(ctx.obj.backend(local, root).deploy(version))
+
+
+def register(app: typer.Typer) -> None:
+    for command in (deploy, promote, endpoints, serve):
+        app.command(rich_help_panel=PANEL)(command)
