@@ -215,6 +215,9 @@ def main() -> None:
             "0",
             "--seed",
             str(args.seed),
+            # the rest of what train.py requires (the Train step passes every one), at the local profile's values
+            *("--max-steps", "-1", "--grad-accum", "1", "--lr-global-batch", "0", "--warmup-ratio", "0.1"),
+            *("--weight-decay", "0.01", "--checkpoint-minutes", "30.0", "--bf16", "auto", "--backend", "xla"),
         ]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         subprocess.run(cmd, env=env, check=True)

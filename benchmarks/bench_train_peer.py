@@ -98,6 +98,10 @@ def run_train(model: Path, data: Path, out: Path, batch: int, args: argparse.Nam
         "--test-dir", str(out / "none"), "--model-dir", str(out / "model"), "--output-data-dir", str(out / "output"),
         "--checkpoint-dir", str(out / "checkpoints"), "--batch-size", str(batch), "--max-steps", str(args.steps),
         "--log-interval", str(args.log_interval), "--checkpoint-interval", "0", "--max-length", str(args.max_length),
+        # the rest of what train.py requires (the Train step passes every one), at pipeline.yaml's values
+        "--epochs", "2", "--grad-accum", "1", "--learning-rate", "5e-5", "--lr-global-batch", "0",
+        "--warmup-ratio", "0.1", "--weight-decay", "0.01", "--seed", "42", "--checkpoint-minutes", "30.0",
+        "--bf16", "auto", "--backend", "xla",
     ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if not args.verbose else None)
     stats = json.loads((out / "output" / "training_stats.json").read_text())

@@ -386,3 +386,16 @@ def definition(cfg: Config) -> str:
     finally:
         logging.disable(logging.NOTSET)
     return json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+
+
+def train_arguments(cfg: Config) -> list[str]:
+    """train.py's command line as the Train step passes it, the pipeline's parameters at their defaults: where a
+    test or benchmark that runs train.py itself starts (the config is the one home of every default)."""
+    from pipeline.dag.expressions import Context, evaluate
+    from pipeline.dag.parameters import resolve
+
+    dag = json.loads(definition(cfg))
+    (train,) = [step for step in dag["Steps"] if step["Name"] == contract.TRAIN]
+    context = Context(parameters=resolve(dag, {}), execution={}, properties={})
+    given = evaluate(train["Arguments"]["HyperParameters"], context, "Train's hyperparameters")
+    return [part for key, value in given.items() if not key.startswith("sagemaker_") for part in (f"--{key}", value)]

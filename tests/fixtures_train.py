@@ -5,11 +5,25 @@ filler words plus one sentiment word per six words (and one in the title); conte
 words to `max_words`, so batches fall into several sequence-length buckets.
 """
 
+import functools
 import random
 from pathlib import Path
 
 from fixtures_ml import write_tokenized
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+
+@functools.lru_cache(maxsize=1)
+def config_arguments() -> tuple[str, ...]:
+    """train.py's hyperparameters as the Train step of `run --local` passes them (the config's local profile, the
+    one home of their defaults): what a test that launches train.py itself starts from, its own values after them
+    (argparse keeps the last)."""
+    from pipeline.config import load_config
+    from pipeline.definition import train_arguments
+
+    root = Path(__file__).resolve().parents[1]
+    return tuple(train_arguments(load_config(root / "pipeline.yaml", environ={}, local=True)))
+
 
 POSITIVE = ["great", "excellent", "love", "wonderful", "perfect", "fantastic", "recommend", "happy"]
 NEGATIVE = ["terrible", "awful", "hate", "broken", "poor", "waste", "disappointed", "refund"]

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 import pipeline
-from pipeline.config import Training
-from pipeline.devices import DEVICE_BATCH_SIZE, REFERENCE_LEARNING_RATE
+from pipeline.config import load_config
 from steps import contract
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,26 +55,37 @@ def test_the_gate_reads_what_evaluate_writes():
         assert all(f'"{key}"' in source for key in path.split(".")), path
 
 
-def test_train_argparse_defaults_equal_the_config_defaults():
-    """Hyperparameters the definition leaves out fall back to train.py's defaults: they must be the config's."""
-    spec = importlib.util.spec_from_file_location("train_defaults", ROOT / "training" / "train.py")
+def test_train_py_requires_what_the_train_step_passes_and_defaults_none_of_it():
+    """The config is the one home of the hyperparameters' defaults: train.py requires each one the Train step
+    passes (none silently defaulted), and parses the step's command line to the config's values."""
+    from pipeline.definition import train_arguments
+
+    spec = importlib.util.spec_from_file_location("train_required", ROOT / "training" / "train.py")
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
-    parsed = vars(train.parse_args([]))
-    fields = {name: f.default for name, f in Training.model_fields.items()}
-    # `auto` fields: what they stand for on a NeuronCore at the reference global batch (train.py's defaults)
-    fields.update(batch_size=DEVICE_BATCH_SIZE["neuron"], learning_rate=REFERENCE_LEARNING_RATE)
-    shared = sorted(set(parsed) & set(fields))
-    assert len(shared) >= 12, shared
-    for name in shared:
-        default = parsed[name]
-        if name == "bf16":
-            default = {"true": True, "false": False}.get(str(default).lower(), default)
-        assert default == fields[name], f"train.py --{name.replace('_', '-')} {default!r} != training.{name}"
+    cfg = load_config(ROOT / "pipeline.yaml", environ={})
+    given = train_arguments(cfg)
+    keys = given[::2]
+    assert len(keys) >= 16 and "--epochs" in keys and "--learning-rate" in keys
+    parsed = train.parse_args(given)
+    assert (parsed.epochs, parsed.max_length, parsed.seed) == (cfg.training.epochs, cfg.training.max_length,
+                                                               cfg.training.seed)
+    for key in keys:
+        left_out = [part for k, v in zip(given[::2], given[1::2], strict=True) if k != key for part in (k, v)]
+        with pytest.raises(SystemExit):
+            train.parse_args(left_out)
+    # the Precompile step passes only what shapes a graph (the rest would be in its cache key): a trace takes
+    # train.py's placeholders for the others, and no training run does
+    from pipeline.definition import PRECOMPILE_HYPERPARAMETERS
+
+    shaping = [part for k, v in zip(given[::2], given[1::2], strict=True) if k[2:] in PRECOMPILE_HYPERPARAMETERS
+               for part in (k, v)]
+    traced = train.parse_args([*shaping, "--precompile", "true"])
+    assert traced.log_interval == train.TRACE_PLACEHOLDERS["log_interval"] and traced.batch_size == parsed.batch_size
     for refused in ("0", "-2"):  # as the config refuses them: -1 is the one value meaning "no limit"
         with pytest.raises(SystemExit):
-            train.parse_args(["--max-steps", refused])
-    assert train.parse_args(["--max-steps", "1"]).max_steps == 1
+            train.parse_args([*given, "--max-steps", refused])
+    assert train.parse_args([*given, "--max-steps", "1"]).max_steps == 1
 
 
 def modules() -> list[str]:

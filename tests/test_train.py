@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures_train import make_tiny_model, write_split
+from fixtures_train import config_arguments, make_tiny_model, write_split
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ TRAIN = ROOT / "training" / "train.py"
 LOG_LINE = re.compile(
     r"^step=(\d+) epoch=(\d+) loss=([0-9.]+) samples_per_sec=([0-9.]+) lr=([0-9.e+-]+)$", re.M
 )
-HYPERPARAMETERS = [
+HYPERPARAMETERS = [  # after the config's (config_arguments)
     "--epochs",
     "3",
     "--batch-size",
@@ -82,6 +82,7 @@ def torchrun(workspace: Path, out: Path, extra: tuple[str, ...] = (), **popen) -
         str(out / "output"),
         "--checkpoint-dir",
         str(out / "checkpoints"),
+        *config_arguments(),
         *HYPERPARAMETERS,
         "--some-future-key",
         "1",
@@ -302,7 +303,8 @@ spec = importlib.util.spec_from_file_location("train", sys.argv[1])
 train = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(train)
 torch.manual_seed(1000 + int(os.environ["RANK"]))  # each rank's generator differs before the model is made
-args = train.parse_args(["--model-id", sys.argv[2], "--seed", "7", "--checkpoint-dir", sys.argv[3]])
+args = train.parse_args([*json.loads(sys.argv[4]), "--model-id", sys.argv[2], "--seed", "7",
+                         "--checkpoint-dir", sys.argv[3]])
 rt = train.setup(args)
 model = train.load_model(args.model_id, rt, args.seed)
 torch.save(model.classifier.weight.detach(), os.path.join(sys.argv[3], f"head-{rt.rank}.pt"))
@@ -317,7 +319,7 @@ def test_every_rank_starts_from_the_same_head_whatever_its_generator(workspace, 
     script = tmp_path / "seeded_head.py"
     script.write_text(SEEDED_HEAD)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-           str(TRAIN), str(workspace / "base-model"), str(tmp_path)]
+           str(TRAIN), str(workspace / "base-model"), str(tmp_path), json.dumps(config_arguments())]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -340,6 +342,7 @@ def test_checkpoints_also_on_the_clock(workspace, tmp_path):
     """--checkpoint-minutes: a checkpoint at the first log line after the interval ran out, with step checkpoints
     off; all ranks agree on it (2 ranks)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(TRAIN),
+           *config_arguments(),
            "--model-id", str(workspace / "base-model"), "--train-dir", str(workspace / "data" / "train"),
            "--model-dir", str(tmp_path / "model"), "--output-data-dir", str(tmp_path / "output"),
            "--checkpoint-dir", str(tmp_path / "checkpoints"), "--batch-size", "8", "--max-length", "64",
@@ -382,7 +385,7 @@ def test_native_backend_takes_the_shared_loop_on_device_neuron():
     assert train.device_type_for("xla", xla=False, neuron=False, cuda=False) == "cpu"
     with pytest.raises(ValueError, match="--backend native: no TorchNeuron device 'neuron' here"):
         train.device_type_for("native", xla=True, neuron=False, cuda=True)
-    assert train.parse_args(["--backend", "native"]).backend == "native"
+    assert train.parse_args([*config_arguments(), "--backend", "native"]).backend == "native"
     neuron = train.Runtime(torch.device("cpu"), "neuron", 0, 1, False, True, True)
     assert neuron.fixed_shapes and not neuron.xla
     assert neuron.compile_options() == {"backend": "neuron", "dynamic": False}
@@ -410,7 +413,7 @@ def test_the_native_path_imports_torch_neuronx_and_joins_the_neuron_backend(monk
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.delitem(sys.modules, "torch_neuronx", raising=False)
-    rt = train.setup(train.parse_args(["--backend", "native"]))
+    rt = train.setup(train.parse_args([*config_arguments(), "--backend", "native"]))
     assert (rt.device_type, rt.device, rt.rank, rt.world_size) == ("neuron", ("neuron", 1), 1, 2)
     assert joined == [((), {"backend": "neuron"})] and devices == [1]
     monkeypatch.delitem(sys.modules, "torch_neuronx")
@@ -490,7 +493,7 @@ def test_an_empty_split_is_no_split_and_bad_labels_name_their_folder(workspace, 
 @pytest.mark.parametrize("argument", ["--epochs", "--batch-size", "--grad-accum", "--log-interval"])
 def test_counts_below_one_are_refused(argument, capsys):
     with pytest.raises(SystemExit) as stopped:
-        load_train_module().parse_args([argument, "0"])
+        load_train_module().parse_args([*config_arguments(), argument, "0"])
     assert stopped.value.code == 2 and f"{argument} 0: expected a whole number >= 1" in capsys.readouterr().err
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures_train import make_tiny_model, write_split
+from fixtures_train import config_arguments, make_tiny_model, write_split
 
 from pipeline.config import load_config
 from pipeline.devices import REFERENCE_GLOBAL_BATCH, REFERENCE_LEARNING_RATE, default_batch_size, device_kind
@@ -92,8 +92,8 @@ def test_unpadded_batch_without_a_mask_gives_the_same_logits(train, tmp_path):
 
 
 def test_compile_is_refused_on_xla_and_on_by_default_only_for_cuda(train):
-    assert train.parse_args([]).compile == "auto"
-    assert not train.setup(train.parse_args(["--bf16", "false"])).compile  # CPU here: auto is off
+    assert train.parse_args([*config_arguments()]).compile == "auto"
+    assert not train.setup(train.parse_args([*config_arguments(), "--bf16", "false"])).compile  # CPU: auto is off
     assert {kind: train.compile_choice("auto", kind) for kind in ("cuda", "neuron", "cpu", "xla")} == {
         "cuda": True, "neuron": True, "cpu": False, "xla": False}
     assert train.compile_choice("True", "cpu") and not train.compile_choice("false", "cuda")
@@ -112,6 +112,7 @@ def test_compiled_loop_takes_one_graph_for_every_length_and_caches_it_beside_the
     write_split(tmp_path / "train", model, rows=128, seed=1, max_length=64, max_words=30)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", str(TRAIN),
+           *config_arguments(),
            "--model-id", str(model), "--train-dir", str(tmp_path / "train"), "--validation-dir", str(out / "none"),
            "--test-dir", str(out / "none"), "--model-dir", str(out / "model"),
            "--output-data-dir", str(out / "output"), "--checkpoint-dir", str(out / "checkpoints"),

@@ -70,6 +70,23 @@ def train_xla(tmp_path: Path, out: str, *args: str) -> None:
         "0",
         "--seed",
         "3",
+        # the rest of what the Train step passes (train.py requires them all), at the local profile's values
+        "--max-steps",
+        "-1",
+        "--grad-accum",
+        "1",
+        "--lr-global-batch",
+        "0",
+        "--warmup-ratio",
+        "0.1",
+        "--weight-decay",
+        "0.01",
+        "--checkpoint-minutes",
+        "30.0",
+        "--bf16",
+        "auto",
+        "--backend",
+        "xla",
         *args,
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

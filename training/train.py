@@ -113,39 +113,48 @@ def str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
 
 
+# What a --precompile run takes for the hyperparameters the Precompile step leaves out (they shape no graph, and so
+# are no part of its cache key): it traces a few steps and trains nothing. The values its traces were checked with.
+TRACE_PLACEHOLDERS = {"epochs": 2, "max_steps": -1, "learning_rate": 5e-5, "lr_global_batch": 0, "warmup_ratio": 0.1,
+                      "log_interval": 50, "checkpoint_interval": 500, "checkpoint_minutes": 30.0}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Hyperparameters as SageMaker passes them (`--key value`); unknown keys are warned about and ignored.
 
-    The defaults are those of pipeline.yaml's `training` section (a test checks that they agree)."""
+    Those the Train step passes are required: their defaults live in the config alone (pipeline/config_training.py;
+    `pipeline.definition.train_arguments(cfg)` gives the whole command line for a config)."""
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-id", default="bert-base-uncased")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps, overriding --epochs; -1: no limit")
-    p.add_argument("--batch-size", type=int, default=16, help="per device")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--learning-rate", type=float, default=5e-5)
-    p.add_argument("--lr-global-batch", type=int, default=0,
-                   help="the global batch --learning-rate is set for (training.learning_rate auto): a run at another "
-                        "one (an execution's instance type, count or batch size) scales it by the square-root rule; "
-                        "0: the rate as given")
-    p.add_argument("--warmup-ratio", type=float, default=0.1)
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    given = p.add_argument_group("passed by the Train step (required; a --precompile run may leave out those that "
+                                 "shape no graph)")
+    given.add_argument("--model-id", required=True)
+    given.add_argument("--batch-size", type=int, required=True, help="per device")
+    given.add_argument("--grad-accum", type=int, required=True)
+    given.add_argument("--max-length", type=int, required=True)
+    given.add_argument("--seed", type=int, required=True)
+    given.add_argument("--weight-decay", type=float, required=True)
+    given.add_argument("--bf16", required=True, choices=["True", "False", "auto", "true", "false"])
+    given.add_argument("--backend", required=True, choices=["xla", "native"],
+                       help="xla: PyTorch/XLA when torch_xla imports (else CUDA, else CPU); native: TorchNeuron's "
+                            "device 'neuron' with torch.compile(backend='neuron') (beta, trn2/trn3)")
+    given.add_argument("--epochs", type=int)
+    given.add_argument("--max-steps", type=int, help="optimizer steps, overriding --epochs; -1: no limit")
+    given.add_argument("--learning-rate", type=float)
+    given.add_argument("--lr-global-batch", type=int,
+                       help="the global batch --learning-rate is set for (training.learning_rate auto): a run at "
+                            "another one (an execution's instance type, count or batch size) scales it by the "
+                            "square-root rule; 0: the rate as given")
+    given.add_argument("--warmup-ratio", type=float)
+    given.add_argument("--log-interval", type=int)
+    given.add_argument("--checkpoint-interval", type=int, help="0 disables periodic checkpoints")
+    given.add_argument("--checkpoint-minutes", type=float,
+                       help="also checkpoint when this many minutes passed since the last one (checked at each log "
+                            "interval); 0 disables")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--log-interval", type=int, default=50)
-    p.add_argument("--checkpoint-interval", type=int, default=500, help="0 disables periodic checkpoints")
-    p.add_argument("--checkpoint-minutes", type=float, default=30.0,
-                   help="also checkpoint when this many minutes passed since the last one (checked at each log "
-                        "interval); 0 disables")
-    p.add_argument("--bf16", default="auto", choices=["True", "False", "auto", "true", "false"])
     p.add_argument("--compile", default="auto", choices=["True", "False", "auto", "true", "false"],
                    help="torch.compile the model; auto: on CUDA and TorchNeuron")
     p.add_argument("--precompile", type=str2bool, default=False)
-    p.add_argument("--backend", default="xla", choices=["xla", "native"],
-                   help="xla: PyTorch/XLA when torch_xla imports (else CUDA, else CPU); native: TorchNeuron's "
-                        "device 'neuron' with torch.compile(backend='neuron') (beta, trn2/trn3)")
     p.add_argument("--num-workers", type=int, default=-1, help="DataLoader workers; -1: 0 on CPU, 2 elsewhere")
     p.add_argument("--train-dir", default=env("SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"))
     p.add_argument("--validation-dir", default=env("SM_CHANNEL_VALIDATION", "/opt/ml/input/data/validation"))
@@ -154,6 +163,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-data-dir", default=env("SM_OUTPUT_DATA_DIR", "/opt/ml/output/data"))
     p.add_argument("--checkpoint-dir", default=os.path.join(env("SAGEMAKER_BASE_DIR", "/opt/ml"), "checkpoints"))
     args, unknown = p.parse_known_args(argv)
+    for name, placeholder in TRACE_PLACEHOLDERS.items():
+        if getattr(args, name) is None:
+            if not args.precompile:
+                p.error(f"--{name.replace('_', '-')}: required (the Train step passes it; only a --precompile run, "
+                        "which trains nothing, may leave it out)")
+            setattr(args, name, placeholder)
     if args.max_steps == 0 or args.max_steps < -1:
         p.error(f"--max-steps {args.max_steps}: expected a number of optimizer steps >= 1, or -1 for no limit")
     for name in ("epochs", "batch_size", "grad_accum", "log_interval"):
