@@ -21,7 +21,7 @@ TRAIN = ROOT / "training" / "train.py"
 LOG_LINE = re.compile(
     r"^step=(\d+) epoch=(\d+) loss=([0-9.]+) samples_per_sec=([0-9.]+) lr=([0-9.e+-]+)$", re.M
 )
-HYPERPARAMETERS = [  # after the config's (config_arguments)
+HYPERPARAMETERS = [  # over the config's (config_arguments come first: argparse keeps the last)
     "--epochs",
     "3",
     "--batch-size",
@@ -68,6 +68,7 @@ def torchrun(workspace: Path, out: Path, extra: tuple[str, ...] = (), **popen) -
         "--nproc_per_node",
         "2",
         str(TRAIN),
+        *config_arguments(),
         "--model-id",
         str(workspace / "base-model"),
         "--train-dir",
@@ -82,7 +83,6 @@ def torchrun(workspace: Path, out: Path, extra: tuple[str, ...] = (), **popen) -
         str(out / "output"),
         "--checkpoint-dir",
         str(out / "checkpoints"),
-        *config_arguments(),
         *HYPERPARAMETERS,
         "--some-future-key",
         "1",
@@ -297,7 +297,7 @@ def test_every_metric_definition_reads_a_number_from_the_real_log(workspace, run
 
 
 SEEDED_HEAD = """
-import importlib.util, os, sys
+import importlib.util, json, os, sys
 import torch
 spec = importlib.util.spec_from_file_location("train", sys.argv[1])
 train = importlib.util.module_from_spec(spec)
