@@ -12,10 +12,10 @@ from pipeline.config_backend import NeuronBackend
 from pipeline.config_base import INSTANCE_TYPE, S3_URI, Section
 from pipeline.devices import (
     MULTI_NODE_NEURON_TYPES,
+    REFERENCE_GLOBAL_BATCH,
+    REFERENCE_LEARNING_RATE,
     default_batch_size,
     device_kind,
-    global_batch_size,
-    scaled_learning_rate,
 )
 from steps.contract import source_kind
 
@@ -26,11 +26,6 @@ PACKAGE = "package:"  # training.model_id "package:NAME": the model folder that 
 class Spot(Section):
     enabled: bool = False
     max_wait_seconds: int = Field(default=48 * 3600, ge=60, le=28 * 24 * 3600)
-
-
-def _counted(value: Any) -> bool:
-    """A count the config accepts (an int >= 1, not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 class Training(NeuronBackend):
@@ -46,7 +41,9 @@ class Training(NeuronBackend):
     max_steps: int = -1  # -1: train for `epochs`; else exactly this many optimizer steps
     batch_size: int = Field(ge=1)  # per device; `auto` (the default): pipeline/devices.py DEVICE_BATCH_SIZE
     grad_accum: int = Field(default=1, ge=1)
-    learning_rate: float = Field(gt=0, lt=1)  # `auto` (the default): scaled to the global batch (devices.py)
+    # auto: REFERENCE_LEARNING_RATE at REFERENCE_GLOBAL_BATCH (devices.py), which train.py scales to the run's global
+    # batch by the square-root rule (see learning_rate_for)
+    learning_rate: float | Literal["auto"] = AUTO
     warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
     weight_decay: float = Field(default=0.01, ge=0)
     max_length: int = Field(default=128, ge=8, le=512)
@@ -59,7 +56,7 @@ class Training(NeuronBackend):
     @model_validator(mode="before")
     @classmethod
     def _device_defaults(cls, data: Any) -> Any:
-        """`batch_size` and `learning_rate` absent or `auto`: what suits the instance type's devices."""
+        """`batch_size` absent or `auto`: what suits the instance type's devices."""
         if not isinstance(data, dict) or not isinstance(data.get("instance_type"), str):
             return data
         data = dict(data)
@@ -68,11 +65,14 @@ class Training(NeuronBackend):
                 raise ValueError(f"training.{key}={data[key]!r}: expected a number or {AUTO!r}")
         if data.get("batch_size", AUTO) == AUTO:
             data["batch_size"] = default_batch_size(data["instance_type"])
-        if data.get("learning_rate", AUTO) == AUTO:  # from sane stand-ins where a count is wrong: its error is said
-            batch, count, accum = (data[key] if _counted(data.get(key)) else fallback for key, fallback in (
-                ("batch_size", default_batch_size(data["instance_type"])), ("instance_count", 1), ("grad_accum", 1)))
-            data["learning_rate"] = scaled_learning_rate(global_batch_size(data["instance_type"], count, batch, accum))
         return data
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _a_rate(cls, v: float | str) -> float | str:
+        if v != AUTO and not 0 < v < 1:
+            raise ValueError("greater than 0" if v <= 0 else "less than 1")
+        return v
 
     @field_validator("model_id")
     @classmethod
@@ -89,11 +89,13 @@ class Training(NeuronBackend):
         return str(Path(module.get_model_path()).resolve())
 
     @property
-    def learning_rate_global_batch(self) -> int | None:
-        """The global batch `learning_rate` is the square-root rule's rate for (it is `auto`), else None: an
-        execution that changes the instance type, count or batch size has train.py scale it by the same rule."""
-        batch = global_batch_size(self.instance_type, self.instance_count, self.batch_size, self.grad_accum)
-        return batch if self.learning_rate == scaled_learning_rate(batch) else None
+    def learning_rate_for(self) -> tuple[float, int]:
+        """(the rate, the global batch it is set for; 0: the rate as given), as the Train step passes them
+        (`--learning-rate`, `--lr-global-batch`): `auto` is resolved in train.py alone, the one place that knows the
+        run's world size, whatever instance type, count or batch size an execution picks."""
+        if self.learning_rate == AUTO:
+            return REFERENCE_LEARNING_RATE, REFERENCE_GLOBAL_BATCH
+        return self.learning_rate, 0
 
     @property
     def model_from_hub(self) -> bool:

@@ -92,7 +92,7 @@ class Steps(StepParts):
             "batch-size": parameters.batch_size.to_string(),
             "grad-accum": str(training.grad_accum),
             "learning-rate": parameters.learning_rate.to_string(),
-            "lr-global-batch": str(training.learning_rate_global_batch or 0),
+            "lr-global-batch": str(training.learning_rate_for[1]),
             "warmup-ratio": str(training.warmup_ratio),
             "weight-decay": str(training.weight_decay),
             "max-length": parameters.max_length.to_string(),

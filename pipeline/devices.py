@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 # Processes torchrun starts per instance: NeuronCores on Trainium, GPUs on p*/g* (as the DLC toolkit counts them).
 DEVICES: dict[str, int] = {
     "ml.trn1.2xlarge": 2,
@@ -37,7 +35,8 @@ MULTI_NODE_NEURON_TYPES = ("ml.trn1.32xlarge", "ml.trn1n.32xlarge", "ml.trn2.48x
 # H200, benchmarks/bench_train_peer.py measured train.py at 5,543 samples/s at 256 against 16: ~300 at the former
 # default). CPU (local runs, tests): 16.
 DEVICE_BATCH_SIZE: dict[str, int] = {"neuron": 16, "gpu": 256, "cpu": 16}
-# The learning rate `auto` scales from: 5e-5 at a global batch of 512 (16 on each of the 32 NeuronCores of one
+# What `training.learning_rate: auto` passes to train.py, which scales it to the run's global batch (the one place that
+# knows its world size): 5e-5 at a global batch of 512 (16 on each of the 32 NeuronCores of one
 # ml.trn1.32xlarge), by the square root of the global batch ratio (the square-root rule for Adam: Malladi et al.,
 # "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022).
 REFERENCE_LEARNING_RATE = 5e-5
@@ -61,7 +60,3 @@ def global_batch_size(instance_type: str, instance_count: int, batch_size: int, 
     """Samples per optimizer step: devices x per-device batch x accumulation (an unknown type counts one device)."""
     return DEVICES.get(instance_type, 1) * instance_count * batch_size * grad_accum
 
-
-def scaled_learning_rate(global_batch: int) -> float:
-    """The learning rate `training.learning_rate: auto` stands for at this global batch (square-root rule)."""
-    return REFERENCE_LEARNING_RATE * math.sqrt(global_batch / REFERENCE_GLOBAL_BATCH)

@@ -71,7 +71,7 @@ class Parameters:
             contract.TRAIN_INSTANCE_COUNT, default_value=training.instance_count
         )
         self.epochs = ParameterInteger(contract.EPOCHS, default_value=training.epochs)
-        self.learning_rate = ParameterFloat(contract.LEARNING_RATE, default_value=training.learning_rate)
+        self.learning_rate = ParameterFloat(contract.LEARNING_RATE, default_value=training.learning_rate_for[0])
         self.batch_size = ParameterInteger(contract.BATCH_SIZE, default_value=training.batch_size)
         self.max_length = ParameterInteger(contract.MAX_LENGTH, default_value=training.max_length)
         self.accuracy_threshold = ParameterFloat(

@@ -27,7 +27,7 @@ def test_shipped_config_loads_with_documented_defaults():
     assert cfg.training.instance_type.startswith("ml.trn1.")
     assert "pytorch-training-neuronx" in cfg.image("training")
     assert "{region}" not in cfg.image("inference") and cfg.aws.region in cfg.image("inference")
-    assert cfg.training.learning_rate == pytest.approx(5e-5)
+    assert cfg.training.learning_rate == "auto" and cfg.training.learning_rate_for == (5e-5, 512)
     assert cfg.deploy.instance_type == "ml.c5.xlarge"
     assert cfg.checkpoint_s3_uri == "s3://my-sagemaker-bucket/trainium-bert/checkpoints"
     assert cfg.deploy_lambda_arn == "arn:aws:lambda:us-east-1:123456789012:function:trainium-bert-deploy"
@@ -349,4 +349,8 @@ def test_each_parameter_defaults_to_its_config_key():
     assert {p["Name"] for p in declared} == set(PARAMETER_KEYS)
     for parameter in declared:
         section, key = PARAMETER_KEYS[parameter["Name"]].split(".")
-        assert parameter["DefaultValue"] == getattr(getattr(cfg, section), key), parameter
+        value = getattr(getattr(cfg, section), key)
+        if key == "learning_rate":  # auto: the rate for the global batch it is set for (hyperparameter lr-global-batch)
+            assert value == "auto" and cfg.training.learning_rate_for[1] == 512
+            value = cfg.training.learning_rate_for[0]
+        assert parameter["DefaultValue"] == value, parameter

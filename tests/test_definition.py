@@ -295,8 +295,10 @@ def test_spot_vpc_kms_and_s3_data_source():
 def test_an_auto_learning_rate_tells_train_py_the_global_batch_it_is_set_for():
     auto = load_config(ROOT / "pipeline.yaml", ["training.instance_type=ml.p4d.24xlarge"], environ={})
     train = flatten_steps(json.loads(definition(auto))["Steps"])["Train"]["Arguments"]["HyperParameters"]
-    assert train["lr-global-batch"] == str(8 * auto.training.batch_size) == "2048"
-    assert auto.training.learning_rate == pytest.approx(1e-4)  # 5e-5 x sqrt(2048 / 512)
+    assert (train["learning-rate"], train["lr-global-batch"]) == ({"Std:Join": {"On": "", "Values": [
+        {"Get": "Parameters.LearningRate"}]}}, "512")  # the reference pair: train.py scales it to 8 x 256
+    parameters = {p["Name"]: p for p in json.loads(definition(auto))["Parameters"]}
+    assert parameters["LearningRate"]["DefaultValue"] == 5e-5
     by_hand = load_config(ROOT / "pipeline.yaml", ["training.learning_rate=3e-5"], environ={})
     train = flatten_steps(json.loads(definition(by_hand))["Steps"])["Train"]["Arguments"]["HyperParameters"]
     assert train["lr-global-batch"] == "0"

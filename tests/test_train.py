@@ -201,12 +201,14 @@ def test_batch_order_is_a_pure_function_of_seed_and_epoch():
 
 
 def test_an_auto_learning_rate_follows_the_global_batch_of_the_run():
-    """training.learning_rate auto is set for the config's global batch; an execution at another instance type,
-    count or batch size trains at the square-root rule's rate for its own."""
-    from pipeline.devices import scaled_learning_rate
+    """training.learning_rate auto passes the reference rate and the global batch it is set for; train.py, which
+    alone knows the run's world size, trains at the square-root rule's rate for its own global batch."""
+    from pipeline.devices import REFERENCE_GLOBAL_BATCH, REFERENCE_LEARNING_RATE
 
     train = load_train_module()
-    assert train.scaled_rate(scaled_learning_rate(4096), 4096, 32) == pytest.approx(scaled_learning_rate(32))
+    reference = (REFERENCE_LEARNING_RATE, REFERENCE_GLOBAL_BATCH)
+    assert train.scaled_rate(*reference, 2048) == pytest.approx(1e-4)  # 5e-5 x sqrt(2048 / 512): 8 GPUs x 256
+    assert train.scaled_rate(*reference, 32) == pytest.approx(1.25e-5)  # 2 CPU processes x 16
     assert train.scaled_rate(1e-4, 0, 32) == 1e-4  # set by hand: as given
     assert train.scaled_rate(1e-4, 512, 512) == 1e-4
 

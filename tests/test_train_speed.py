@@ -145,16 +145,18 @@ def test_auto_batch_by_device_kind(instance_type, kind, batch):
 
 
 def test_config_chooses_batch_and_learning_rate_per_device():
-    """A GPU run is not launched at batch 16; its learning rate follows the square-root rule."""
+    """A GPU run is not launched at batch 16; an auto learning rate passes the reference rate and its global batch
+    (train.py scales it to the run's: test_an_auto_learning_rate_follows_the_global_batch_of_the_run)."""
     trn = load_config(ROOT / "pipeline.yaml", environ={}).training
-    assert (trn.batch_size, trn.learning_rate) == (16, pytest.approx(REFERENCE_LEARNING_RATE))
+    assert (trn.batch_size, trn.learning_rate) == (16, "auto")
+    assert trn.learning_rate_for == (REFERENCE_LEARNING_RATE, REFERENCE_GLOBAL_BATCH)
     assert 16 * 32 == REFERENCE_GLOBAL_BATCH  # the reference: one ml.trn1.32xlarge at the default batch
     gpu = load_config(ROOT / "pipeline.yaml", ["training.instance_type=ml.p4d.24xlarge"], environ={}).training
-    assert gpu.batch_size == 256 and gpu.learning_rate == pytest.approx(5e-5 * (256 * 8 / 512) ** 0.5)
+    assert gpu.batch_size == 256 and gpu.learning_rate_for == (REFERENCE_LEARNING_RATE, REFERENCE_GLOBAL_BATCH)
     explicit = load_config(ROOT / "pipeline.yaml", ["training.instance_type=ml.p4d.24xlarge",
                                                    "training.batch_size=32", "training.learning_rate=3e-5"],
                            environ={}).training
-    assert (explicit.batch_size, explicit.learning_rate) == (32, 3e-5)
+    assert (explicit.batch_size, explicit.learning_rate, explicit.learning_rate_for) == (32, 3e-5, (3e-5, 0))
     local = load_config(ROOT / "pipeline.yaml", environ={}, local=True).training
     assert (local.batch_size, local.learning_rate) == (16, 1e-4)
 
