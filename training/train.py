@@ -63,8 +63,9 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -740,7 +741,7 @@ def load_split(folder: str, max_length: int) -> TokenizedSplit | None:
 
 
 # -----------------------------------------------------------------------------
-# one optimizer step, shared by main's loop and the precompile mode (so that both trace the same graphs)
+# one optimizer step and its read-outs
 
 
 def has_padding(rt: Runtime, batch: dict[str, torch.Tensor]) -> bool:
@@ -803,49 +804,6 @@ def stop_check_steps(rt: Runtime, seconds: float, steps: int) -> int:
     if rt.xla:
         return 0
     return max(1, int(STOP_CHECK_SECONDS * steps / seconds)) if seconds > 0 and steps else 1
-
-
-def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, optimizer, scheduler,
-               train: TokenizedSplit, scored: dict[str, TokenizedSplit], buckets: list[int] | None,
-               workers: int) -> dict:
-    """For neuron_parallel_compile: trace every graph of the real run once and keep nothing it trains: one
-    accumulation cycle per length bucket (see bucket_probes), the loss read-out, then for each split in `scored`
-    one evaluation batch per length bucket it fills, the bucket of this rank's first evaluation batch first (the
-    first batch's graph holds more than the forward pass) and again at the end (its plain graph), and the all-reduce
-    of its margins (the split's real size), and the token counts' all-reduce. No checkpoint, no model saved. The
-    stats of the run."""
-    first = train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size)[0]
-    probes = bucket_probes(train, buckets, args.batch_size, first)
-    loader, _ = make_loader(rt, train, [p for p in probes for _ in range(args.grad_accum)], args.batch_size, workers)
-    model.train()
-    loss_sum, step = torch.zeros(()).to(rt.device), 0
-    for micro, batch in enumerate(loader):
-        if micro % args.grad_accum == 0:
-            rt.reseed((args.seed * 1_000_003 + step * rt.world_size + rt.rank) % 2**31)
-        loss_sum += micro_step(rt, model, batch, args.grad_accum, sync=True)
-        if (micro + 1) % args.grad_accum:
-            continue
-        optimizer_step(rt, model, optimizer, scheduler, args.max_grad_norm)
-        step += 1
-        if step % args.log_interval == 0 or step == len(probes):
-            read_out(rt, loss_sum, False, False, 0.0)
-            loss_sum = torch.zeros(()).to(rt.device)
-    for split in scored.values():
-        own = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
-        score(rt, model, split, bucket_probes(split, buckets, args.batch_size, own[0] if own else None),
-              args.batch_size if rt.fixed_shapes else None, workers)
-    rt.all_reduce_sum(np.zeros(2))
-    rt.log(f"precompile: traced {step} optimizer steps over {len(probes) - 1} length bucket(s) and "
-           f"{', '.join(scored) or 'no'} evaluation")
-    return {
-        "device": rt.device_type,
-        "world_size": rt.world_size,
-        "bf16": rt.bf16,
-        "precompile": True,
-        "steps": step,
-        **compile_figures(rt),
-        "length_buckets": buckets,
-    }
 
 
 class Throughput:
@@ -944,6 +902,226 @@ def track(args: argparse.Namespace, rt: Runtime, stats: dict) -> None:
 
 
 # -----------------------------------------------------------------------------
+# main's seams: resume, the loop (which a --precompile run walks too), scoring, the stats
+
+
+class Checkpointer:
+    """Saves the training state to the checkpoint ring (rank 0 writes, every rank waits) and keeps the clock of
+    --checkpoint-minutes; `slot` is the last complete checkpoint's, which the next save keeps."""
+
+    def __init__(self, rt: Runtime, checkpoint_dir: Path, model: torch.nn.Module, optimizer, scheduler,
+                 slot: Path | None):
+        self.rt, self.checkpoint_dir, self.model = rt, checkpoint_dir, model
+        self.optimizer, self.scheduler, self.slot = optimizer, scheduler, slot
+        self.last = time.monotonic()
+
+    def minutes(self) -> float:
+        return (time.monotonic() - self.last) / 60
+
+    def save(self, step: int) -> None:
+        rt = self.rt
+        rt.mark_step()
+        if rt.master:
+            state = host_state(rt, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+            state.update(scheduler=self.scheduler.state_dict(), step=step, world_size=rt.world_size)
+            self.slot = save_checkpoint(self.checkpoint_dir, step, state, keep=self.slot)
+            rt.log(f"saved checkpoint {self.slot} at step={step}")
+        rt.barrier("checkpoint")
+        self.last = time.monotonic()
+
+
+def resume(rt: Runtime, checkpoint_dir: Path, model: torch.nn.Module, optimizer, scheduler
+           ) -> tuple[int, Path | None]:
+    """Load the latest complete checkpoint, unless the ones there are of a finished training (then start afresh),
+    and mark the folder's training running: the step to go on from and the checkpoint's slot."""
+    fresh = finished_before(checkpoint_dir)  # every rank reads it before rank 0 rewrites it
+    loaded = None if fresh else load_latest_checkpoint(checkpoint_dir)
+    rt.barrier("training state")
+    if rt.master:
+        mark_training(checkpoint_dir, "running", stale_slots=fresh)
+    if fresh:
+        rt.log("the checkpoints here are of a finished training: starting afresh")
+    if loaded is None:
+        return 0, None
+    state, slot = loaded
+    if state["world_size"] != rt.world_size:
+        rt.log(
+            f"warning: checkpoint written with world size {state['world_size']}, now {rt.world_size}: "
+            "the data order after resumption differs from an uninterrupted run"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    rt.log(f"resumed from checkpoint at step={state['step']}")
+    return state["step"], slot
+
+
+@dataclass
+class Schedule:
+    """The micro-batches the loop walks: `epoch_batches(epoch)` gives an epoch's (this rank's row indices of
+    `split`), of which each `grad_accum` make one of `steps_per_epoch` optimizer steps, until `total_steps`."""
+
+    split: TokenizedSplit
+    epoch_batches: Callable[[int], list[np.ndarray]]
+    steps_per_epoch: int
+    total_steps: int
+
+
+@dataclass
+class Walked:
+    """What the loop leaves: the step it reached, the last interval's loss, each read-out's step, loss and
+    samples/s, XLA's compile count after each epoch, and this rank's real and padded tokens."""
+
+    step: int
+    last_loss: float | None = None
+    intervals: list[dict] = field(default_factory=list)
+    compiles_per_epoch: list[int] = field(default_factory=list)
+    real_tokens: int = 0
+    padded_tokens: int = 0
+
+
+def train_loop(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, optimizer, scheduler,
+               schedule: Schedule, step: int, throughput: Throughput, stop: dict, workers: int, ddp: bool,
+               checkpointer: Checkpointer | None) -> Walked:
+    """From `step` to the schedule's end: a read-out every --log-interval steps (the loss, the stop flag and the
+    checkpoint clock, agreed by all ranks), checkpoints at --checkpoint-interval and on the clock, and on SIGTERM a
+    checkpoint and exit 143. Without a checkpointer (a --precompile run) nothing is saved."""
+    walked = Walked(step)
+    loss_sum = torch.zeros(()).to(rt.device)
+    interval_steps, stopping, checkpoint_due = 0, False, False
+    check_every = stop_check_steps(rt, 0.0, 0)  # every step until the first read-out has timed one
+    per_epoch, accum = schedule.steps_per_epoch, args.grad_accum
+    model.train()
+    while step < schedule.total_steps:
+        epoch = step // per_epoch
+        batches = schedule.epoch_batches(epoch)[(step % per_epoch) * accum : per_epoch * accum]
+        loader, tokens = make_loader(rt, schedule.split, batches, args.batch_size, workers)
+        for micro, (batch_tokens, batch) in enumerate(zip(tokens, loader, strict=True)):
+            if micro % accum == 0:
+                rt.reseed((args.seed * 1_000_003 + step * rt.world_size + rt.rank) % 2**31)
+            last_micro = (micro + 1) % accum == 0
+            loss_sum += micro_step(rt, model, batch, accum, sync=last_micro or not ddp)
+            throughput.add(len(batch["labels"]), batch_tokens)
+            walked.real_tokens += batch_tokens.real
+            walked.padded_tokens += batch_tokens.padded
+            if not last_micro:
+                continue
+            optimizer_step(rt, model, optimizer, scheduler, args.max_grad_norm)
+            step += 1
+            interval_steps += 1
+            if step % args.log_interval == 0 or step == schedule.total_steps:
+                clock = checkpointer is not None and 0 < args.checkpoint_minutes <= checkpointer.minutes()
+                loss_total, stopping, checkpoint_due, seconds = read_out(rt, loss_sum, stop["requested"], clock,
+                                                                         throughput.elapsed())
+                check_every = stop_check_steps(rt, seconds, interval_steps)
+                walked.last_loss = loss_total / (interval_steps * accum * rt.world_size)
+                rate = throughput.interval()
+                walked.intervals.append({"step": step, "loss": walked.last_loss, "samples_per_sec": rate})
+                rt.log(f"step={step} epoch={epoch} loss={walked.last_loss:.4f} samples_per_sec={rate:.1f} "
+                       f"lr={scheduler.get_last_lr()[0]:.1e}")
+                loss_sum = torch.zeros(()).to(rt.device)
+                interval_steps = 0
+            elif check_every and interval_steps % check_every == 0:
+                stopping = agreed_stop(rt, stop["requested"])
+            interval_due = args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0
+            if checkpointer is not None and (stopping or checkpoint_due or interval_due):
+                checkpointer.save(step)
+                checkpoint_due = False
+            if stopping:
+                rt.log(f"stopping on SIGTERM at step={step}")
+                rt.end(143)
+                sys.exit(143)
+            if step >= schedule.total_steps:
+                break
+        if rt.xla:
+            walked.compiles_per_epoch.append(met.metric_data("CompileTime")[0])
+    throughput.interval()  # steps after the last read-out (a stop at the step limit reads out, so none)
+    walked.step = step
+    return walked
+
+
+def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, optimizer, scheduler,
+               train: TokenizedSplit, scored: dict[str, TokenizedSplit], buckets: list[int] | None, stop: dict,
+               workers: int) -> dict:
+    """For neuron_parallel_compile: trace every graph of the real run once and keep nothing it trains: the loop of
+    the real run over one accumulation cycle per length bucket (see bucket_probes), then for each split in `scored`
+    one evaluation batch per length bucket it fills, the bucket of this rank's first evaluation batch first (the
+    first batch's graph holds more than the forward pass) and again at the end (its plain graph), and the all-reduce
+    of its margins (the split's real size), and the token counts' all-reduce. No checkpoint, no model saved. The
+    stats of the run."""
+    first = train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size)[0]
+    probes = bucket_probes(train, buckets, args.batch_size, first)
+    micro = [probe for probe in probes for _ in range(args.grad_accum)]
+    schedule = Schedule(train, lambda epoch: micro, len(probes), len(probes))
+    walked = train_loop(args, rt, model, optimizer, scheduler, schedule, 0, Throughput(model.config, rt.world_size),
+                        stop, workers, ddp=False, checkpointer=None)
+    for split in scored.values():
+        own = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
+        score(rt, model, split, bucket_probes(split, buckets, args.batch_size, own[0] if own else None),
+              args.batch_size if rt.fixed_shapes else None, workers)
+    rt.all_reduce_sum(np.zeros(2))
+    rt.log(f"precompile: traced {walked.step} optimizer steps over {len(probes) - 1} length bucket(s) and "
+           f"{', '.join(scored) or 'no'} evaluation")
+    return {
+        "device": rt.device_type,
+        "world_size": rt.world_size,
+        "bf16": rt.bf16,
+        "precompile": True,
+        "steps": walked.step,
+        **compile_figures(rt),
+        "length_buckets": buckets,
+    }
+
+
+def score_splits(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module,
+                 splits: dict[str, TokenizedSplit | None], workers: int
+                 ) -> tuple[dict[str, float | None], dict[str, np.ndarray]]:
+    """Each split's accuracy (None where there is no split) and margins, every rank scoring its share."""
+    rows = args.batch_size if rt.fixed_shapes else None
+    accuracy: dict[str, float | None] = dict.fromkeys(splits)
+    margins: dict[str, np.ndarray] = {}
+    for name, split in splits.items():
+        if split is None:
+            continue
+        batches = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
+        margins[name] = score(rt, model, split, batches, rows, workers)
+        accuracy[name] = float(np.mean((margins[name] > 0) == (split.labels == 1)))
+        rt.log(f"{name}_accuracy={accuracy[name]:.4f}")
+    return accuracy, margins
+
+
+def run_stats(rt: Runtime, walked: Walked, throughput: Throughput, resumed_from: int, scoring_s: float,
+              accuracy: dict[str, float | None], test_rows: int | None, buckets: list[int] | None) -> dict:
+    """training_stats.json: what the run did (steps, throughput, tokens, memory, compiles) and scored."""
+    tokens = np.array([walked.real_tokens, walked.padded_tokens], np.float64)
+    real_tokens, padded_tokens = rt.all_reduce_sum(tokens).tolist()
+    steady = throughput.steady_rate()
+    return {
+        "device": rt.device_type,
+        "world_size": rt.world_size,
+        "bf16": rt.bf16,
+        "precompile": False,
+        "steps": walked.step - resumed_from,
+        "global_step": walked.step,
+        "resumed_from_step": resumed_from or None,
+        **throughput.stats(),
+        "scoring_s": round(scoring_s, 3),
+        "tokens_per_sec": steady * real_tokens / throughput.samples if throughput.samples and steady else None,
+        "padding_efficiency": real_tokens / padded_tokens if padded_tokens else None,
+        "peak_device_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if rt.device_type == "cuda" else None,
+        "peak_host_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "train_loss": walked.last_loss,
+        "val_accuracy": accuracy["val"],
+        "test_accuracy": accuracy["test"],
+        "test_rows": test_rows,
+        **compile_figures(rt),
+        "compile_count_per_epoch": walked.compiles_per_epoch if rt.xla else None,
+        "length_buckets": buckets,
+        "intervals": walked.intervals,
+    }
+
+
+# -----------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -956,11 +1134,15 @@ def main(argv: list[str] | None = None) -> None:
 
     # data
     train = TokenizedSplit(args.train_dir, args.max_length)
-    validation, test = load_split(args.validation_dir, args.max_length), load_split(args.test_dir, args.max_length)
+    splits = {name: load_split(folder, args.max_length)
+              for name, folder in (("val", args.validation_dir), ("test", args.test_dir))}
     buckets = length_buckets(args.max_length) if rt.fixed_shapes else None
     workers = args.num_workers if args.num_workers >= 0 else (0 if rt.device_type == "cpu" else 2)
-    micro_per_epoch = len(train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size))
-    steps_per_epoch = micro_per_epoch // args.grad_accum
+
+    def epoch_batches(epoch: int) -> list[np.ndarray]:
+        return train_batches(train.lengths, args.batch_size, args.seed, epoch, rt.rank, rt.world_size)
+
+    steps_per_epoch = len(epoch_batches(0)) // args.grad_accum
     if steps_per_epoch == 0:
         raise ValueError(
             f"{len(train)} training rows are too few for batch size {args.batch_size} x "
@@ -976,163 +1158,44 @@ def main(argv: list[str] | None = None) -> None:
         rt.log(f"learning rate {args.learning_rate:.3g} is set for global batch {args.lr_global_batch}; at this "
                f"run's {global_batch}: {learning_rate:.3g} (square-root rule)")
         args.learning_rate = learning_rate  # what the stats and the tracked parameters report
-    model = load_model(args.model_id, rt, args.seed)
-    raw_model = model
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    raw_model = load_model(args.model_id, rt, args.seed)
+    decay = [p for p in raw_model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in raw_model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.learning_rate, **({"fused": True} if rt.device_type in ("cpu", "cuda") else {}),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
     if args.precompile:
-        scored = {name: split for name, split in (("val", validation), ("test", test)) if split is not None}
-        write_stats(rt, args.output_data_dir, precompile(args, rt, model, optimizer, scheduler, train, scored,
-                                                         buckets, workers))
+        scored = {name: split for name, split in splits.items() if split is not None}
+        write_stats(rt, args.output_data_dir, precompile(args, rt, raw_model, optimizer, scheduler, train, scored,
+                                                         buckets, stop, workers))
         rt.end()
         return
 
-    step = resumed_from = 0
-    fresh = finished_before(checkpoint_dir)  # every rank reads it before rank 0 rewrites it
-    loaded = None if fresh else load_latest_checkpoint(checkpoint_dir)
-    rt.barrier("training state")
-    if rt.master:
-        mark_training(checkpoint_dir, "running", stale_slots=fresh)
-    if fresh:
-        rt.log("the checkpoints here are of a finished training: starting afresh")
-    state, good_slot = loaded if loaded is not None else (None, None)
-    if state is not None:
-        if state["world_size"] != rt.world_size:
-            rt.log(
-                f"warning: checkpoint written with world size {state['world_size']}, now {rt.world_size}: "
-                "the data order after resumption differs from an uninterrupted run"
-            )
-        raw_model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step = resumed_from = state["step"]
-        rt.log(f"resumed from checkpoint at step={step}")
-        del state
+    # resume, then the loop
+    resumed_from, slot = resume(rt, checkpoint_dir, raw_model, optimizer, scheduler)
+    checkpointer = Checkpointer(rt, checkpoint_dir, raw_model, optimizer, scheduler, slot)
     ddp = not rt.xla and rt.world_size > 1
+    model = raw_model
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[rt.device.index] if rt.device_type in ("cuda", "neuron") else None
         )
     if rt.compile:
         model = torch.compile(model, **rt.compile_options())
-
-    last_checkpoint = time.monotonic()
-
-    def checkpoint() -> None:
-        nonlocal last_checkpoint, good_slot
-        rt.mark_step()
-        if rt.master:
-            state = host_state(rt, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()})
-            state.update(scheduler=scheduler.state_dict(), step=step, world_size=rt.world_size)
-            good_slot = save_checkpoint(checkpoint_dir, step, state, keep=good_slot)
-            rt.log(f"saved checkpoint {good_slot} at step={step}")
-        rt.barrier("checkpoint")
-        last_checkpoint = time.monotonic()
-
-    # training loop
     rt.log(f"steps_per_epoch={steps_per_epoch} total_steps={total_steps} warmup_steps={warmup_steps}")
-    model.train()
-    loss_sum = torch.zeros(()).to(rt.device)
-    interval_steps = 0
-    real_tokens = padded_tokens = 0
-    last_loss, stopping, checkpoint_due = None, False, False
-    compiles_per_epoch, intervals = [], []  # intervals: each log read-out's step, loss and samples/s
     throughput = Throughput(raw_model.config, rt.world_size)
-    check_every = stop_check_steps(rt, 0.0, 0)  # every step until the first read-out has timed one
-    while step < total_steps:
-        epoch = step // steps_per_epoch
-        batches = train_batches(train.lengths, args.batch_size, args.seed, epoch, rt.rank, rt.world_size)
-        batches = batches[(step % steps_per_epoch) * args.grad_accum : steps_per_epoch * args.grad_accum]
-        loader, tokens = make_loader(rt, train, batches, args.batch_size, workers)
-        for micro, (batch_tokens, batch) in enumerate(zip(tokens, loader, strict=True)):
-            if micro % args.grad_accum == 0:
-                rt.reseed((args.seed * 1_000_003 + step * rt.world_size + rt.rank) % 2**31)
-            last_micro = (micro + 1) % args.grad_accum == 0
-            loss_sum += micro_step(rt, model, batch, args.grad_accum, sync=last_micro or not ddp)
-            throughput.add(len(batch["labels"]), batch_tokens)
-            real_tokens += batch_tokens.real
-            padded_tokens += batch_tokens.padded
-            if not last_micro:
-                continue
-            optimizer_step(rt, model, optimizer, scheduler, args.max_grad_norm)
-            step += 1
-            interval_steps += 1
+    schedule = Schedule(train, epoch_batches, steps_per_epoch, total_steps)
+    walked = train_loop(args, rt, model, optimizer, scheduler, schedule, resumed_from, throughput, stop, workers, ddp,
+                        checkpointer)
 
-            if step % args.log_interval == 0 or step == total_steps:
-                # the stop flag and the checkpoint clock are agreed by all ranks, unlike the local ones
-                minutes = (time.monotonic() - last_checkpoint) / 60
-                clock = 0 < args.checkpoint_minutes <= minutes
-                loss_total, stopping, checkpoint_due, seconds = read_out(rt, loss_sum, stop["requested"], clock,
-                                                                         throughput.elapsed())
-                check_every = stop_check_steps(rt, seconds, interval_steps)
-                last_loss = loss_total / (interval_steps * args.grad_accum * rt.world_size)
-                rate = throughput.interval()
-                intervals.append({"step": step, "loss": last_loss, "samples_per_sec": rate})
-                rt.log(
-                    f"step={step} epoch={epoch} loss={last_loss:.4f} samples_per_sec={rate:.1f} "
-                    f"lr={scheduler.get_last_lr()[0]:.1e}"
-                )
-                loss_sum = torch.zeros(()).to(rt.device)
-                interval_steps = 0
-            elif check_every and interval_steps % check_every == 0:
-                stopping = agreed_stop(rt, stop["requested"])
-            if stopping or checkpoint_due or (args.checkpoint_interval > 0 and step % args.checkpoint_interval == 0):
-                checkpoint()
-                checkpoint_due = False
-            if stopping:
-                rt.log(f"stopping on SIGTERM at step={step}")
-                rt.end(143)
-                sys.exit(143)
-            if step >= total_steps:
-                break
-        if rt.xla:
-            compiles_per_epoch.append(met.metric_data("CompileTime")[0])
-    throughput.interval()  # steps after the last read-out (a stop at the step limit reads out, so none)
-
-    # scoring: validation and test, every rank its share
+    # scoring, the stats, the artifacts
     scoring_started = time.time()
-    rows = args.batch_size if rt.fixed_shapes else None
-    accuracy: dict[str, float | None] = {"val": None, "test": None}
-    margins: dict[str, np.ndarray] = {}
-    for name, split in (("val", validation), ("test", test)):
-        if split is None:
-            continue
-        batches = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
-        margins[name] = score(rt, raw_model, split, batches, rows, workers)
-        accuracy[name] = float(np.mean((margins[name] > 0) == (split.labels == 1)))
-        rt.log(f"{name}_accuracy={accuracy[name]:.4f}")
-
-    # artifacts
-    real_tokens, padded_tokens = rt.all_reduce_sum(np.array([real_tokens, padded_tokens], np.float64)).tolist()
-    stats = {
-        "device": rt.device_type,
-        "world_size": rt.world_size,
-        "bf16": rt.bf16,
-        "precompile": False,
-        "steps": step - resumed_from,
-        "global_step": step,
-        "resumed_from_step": resumed_from or None,
-        **throughput.stats(),
-        "scoring_s": round(time.time() - scoring_started, 3),
-        "tokens_per_sec": (throughput.steady_rate() * real_tokens / throughput.samples
-                           if throughput.samples and throughput.steady_rate() else None),
-        "padding_efficiency": real_tokens / padded_tokens if padded_tokens else None,
-        "peak_device_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if rt.device_type == "cuda" else None,
-        "peak_host_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
-        "train_loss": last_loss,
-        "val_accuracy": accuracy["val"],
-        "test_accuracy": accuracy["test"],
-        "test_rows": len(test) if test is not None else None,
-        **compile_figures(rt),
-        "compile_count_per_epoch": compiles_per_epoch if rt.xla else None,
-        "length_buckets": buckets,
-        "intervals": intervals,
-    }
+    accuracy, margins = score_splits(args, rt, raw_model, splits, workers)
+    test = splits["test"]
+    stats = run_stats(rt, walked, throughput, resumed_from, time.time() - scoring_started, accuracy,
+                      len(test) if test is not None else None, buckets)
     write_stats(rt, args.output_data_dir, stats)
     if rt.master:
         save_model(raw_model.to("cpu"), args.model_id, Path(args.model_dir), args.max_length)
