@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.code import bundles
 from pipeline.config import Config
-from pipeline.config_tracking import experiment, tracking_prefix
+from pipeline.config.tracking import experiment, tracking_prefix
 from pipeline.sdk import MODEL_INPUT, StepParts, offline_sdk
 from steps import contract
 

@@ -21,7 +21,7 @@ import pytest
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
-from pipeline import config_file
+from pipeline.config import file as config_file
 from pipeline.config import load_config
 from pipeline.sagemaker import bootstrap, triggers
 from pipeline.sagemaker.aws import Aws

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from pipeline.config import PARAMETER_KEYS, Config, ConfigError, check_parameter_values, load_config, parse_override
+from pipeline.config.devices import MULTI_NODE_NEURON_TYPES
 from pipeline.definition import definition
-from pipeline.devices import MULTI_NODE_NEURON_TYPES
 
 SHIPPED = Path(__file__).resolve().parent.parent / "pipeline.yaml"
 
@@ -75,7 +75,7 @@ def test_every_pattern_of_the_config_says_what_it_expects_in_words():
     from pydantic import BaseModel
 
     from pipeline import config
-    from pipeline.config_base import EXPECTED
+    from pipeline.config.base import EXPECTED
 
     def patterns(model: type[BaseModel]):
         for field in model.model_fields.values():

@@ -387,7 +387,7 @@ def test_a_package_that_does_not_exist_is_a_deploy_error(sm, code, message):
 def test_the_lambda_reads_back_from_its_environment_the_settings_the_cli_hands_over_directly(sets):
     """The CLI passes the config's settings to the lifecycle as they are; the Lambda gets them through its
     environment: both must hold the same settings."""
-    from pipeline.deploy_settings import settings
+    from pipeline.config.deploy_settings import settings
     from steps.deploy.sagemaker_account import Settings
 
     cfg = load_config(ROOT / "pipeline.yaml", sets, environ={})
@@ -400,7 +400,7 @@ def test_the_lambda_reads_back_from_its_environment_the_settings_the_cli_hands_o
 def test_the_lifecycle_defaults_have_one_home_that_the_config_and_the_lambda_read():
     """deploy.test and deploy.auto_promote default to the lifecycle's Policy: the config (pipeline.yaml sets none of
     them) and the Lambda's environment without them give the same policy."""
-    from pipeline.deploy_settings import policy
+    from pipeline.config.deploy_settings import policy
     from steps.deploy.lifecycle import Policy
     from steps.deploy.sagemaker_account import Settings
 

@@ -22,7 +22,7 @@ from botocore.validate import ParamValidator
 
 from pipeline.code import bundles
 from pipeline.config import load_config
-from pipeline.config_tracking import tracking_prefix, tracking_settings
+from pipeline.config.tracking import tracking_prefix, tracking_settings
 from pipeline.definition import definition
 from steps import contract, tracking
 

@@ -203,7 +203,7 @@ def test_batch_order_is_a_pure_function_of_seed_and_epoch():
 def test_an_auto_learning_rate_follows_the_global_batch_of_the_run():
     """training.learning_rate auto passes the reference rate and the global batch it is set for; train.py, which
     alone knows the run's world size, trains at the square-root rule's rate for its own global batch."""
-    from pipeline.devices import REFERENCE_GLOBAL_BATCH, REFERENCE_LEARNING_RATE
+    from pipeline.config.devices import REFERENCE_GLOBAL_BATCH, REFERENCE_LEARNING_RATE
 
     train = load_train_module()
     reference = (REFERENCE_LEARNING_RATE, REFERENCE_GLOBAL_BATCH)

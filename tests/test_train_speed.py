@@ -15,7 +15,7 @@ import torch
 from fixtures_train import config_arguments, make_tiny_model, write_split
 
 from pipeline.config import load_config
-from pipeline.devices import REFERENCE_GLOBAL_BATCH, REFERENCE_LEARNING_RATE, default_batch_size, device_kind
+from pipeline.config.devices import REFERENCE_GLOBAL_BATCH, REFERENCE_LEARNING_RATE, default_batch_size, device_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "training" / "train.py"

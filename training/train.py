@@ -123,7 +123,7 @@ TRACE_PLACEHOLDERS = {"epochs": 2, "max_steps": -1, "learning_rate": 5e-5, "lr_g
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Hyperparameters as SageMaker passes them (`--key value`); unknown keys are warned about and ignored.
 
-    Those the Train step passes are required: their defaults live in the config alone (pipeline/config_training.py;
+    Those the Train step passes are required: their defaults live in the config alone (pipeline/config/training.py;
     `pipeline.definition.train_arguments(cfg)` gives the whole command line for a config)."""
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -549,7 +549,7 @@ class BatchTokens:
 
 def scaled_rate(learning_rate: float, for_global_batch: int, global_batch: int) -> float:
     """`learning_rate`, set for `for_global_batch` samples per step (0: as given), at `global_batch` by the
-    square-root rule that training.learning_rate auto follows (pipeline/devices.py)."""
+    square-root rule that training.learning_rate auto follows (pipeline/config/devices.py)."""
     if not for_global_batch or global_batch == for_global_batch:
         return learning_rate
     return learning_rate * math.sqrt(global_batch / for_global_batch)

@@ -36,7 +36,7 @@ def bootstrap(
 ) -> None:
     """Create or update the account's bucket, roles, model package group and alerts topic (infra/template.yaml),
     then write their names into the config (or print them as --set options). A second run changes nothing."""
-    from pipeline import config_file
+    from pipeline.config import file as config_file
     from pipeline.sagemaker import bootstrap as infra
 
     cfg = ctx.obj.load()

@@ -163,7 +163,7 @@ def runs(
     as_json: JSON = False,
 ) -> None:
     """The executions' MLflow runs, newest first: key parameters and metrics side by side (mlflow ui shows all)."""
-    from pipeline.config_tracking import experiment
+    from pipeline.config.tracking import experiment
     from pipeline.tracking.store import list_runs, store_uri
 
     cfg = ctx.obj.load(local)

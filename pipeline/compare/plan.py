@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from pipeline.config import S3_URI, Config
+from pipeline.config.devices import DEVICES, device_kind, global_batch_size
 from pipeline.dag.expressions import Context, ExpressionError
 from pipeline.dag.graph import step_references
 from pipeline.dag.parameters import resolve
 from pipeline.dag.requests import RequestError, validate
 from pipeline.dag.requests import resolve as resolve_request
-from pipeline.devices import DEVICES, device_kind, global_batch_size
 from pipeline.errors import UserError
 from steps.contract import SPLITS, TRACKING_INPUT, TRAIN
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import Config
+from pipeline.config.devices import DEVICES
 from pipeline.cost import TrainingStats
-from pipeline.devices import DEVICES
 from pipeline.prices import PRICING_URL, JobCost, per_million, training_job_cost
 from pipeline.sagemaker.aws import Aws, explained
 from pipeline.sagemaker.cost import sagemaker_training_stats

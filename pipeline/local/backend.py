@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.code import job_bundles
 from pipeline.config import Config, check_parameter_values
-from pipeline.config_tracking import tracking_settings
+from pipeline.config.tracking import tracking_settings
 from pipeline.cost import ExecutionCost, stats_from_tarball
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.parameters import ParameterError, resolve

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import METADATA_VALUE_LENGTH
-from pipeline.config_aws import TAG_CHARACTERS, tag_text
+from pipeline.config.aws import TAG_CHARACTERS, tag_text
 from pipeline.errors import UserError
 from pipeline.local.storage import LOCAL_ARN
 from steps.contract import APPROVAL_STATUSES, APPROVED, REJECTED, report_accuracy

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pipeline.config import Config
-from pipeline.deploy_settings import policy
+from pipeline.config.deploy_settings import policy
 from pipeline.errors import UserError
 from pipeline.local.account import LocalAccount
 from pipeline.local.jobs import StepFailed

@@ -10,10 +10,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from pipeline.config import Config, check_parameter_values
+from pipeline.config.deploy_settings import settings
 from pipeline.cost import ExecutionCost
 from pipeline.dag.parameters import ParameterError, as_request, resolve
 from pipeline.dag.selection import RERUN, Selection, check_retry, inherit, select
-from pipeline.deploy_settings import settings
 from pipeline.errors import UserError
 from pipeline.records import Approval, Changes, StageView, VersionView, changes, run_summary
 from pipeline.sagemaker import executions, registry

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.config import Config
-from pipeline.deploy_settings import MARKERS
+from pipeline.config.deploy_settings import MARKERS
 from steps.contract import EVALUATION_OUTPUT, REPORT_FILE, SAMPLE_FILE
 from steps.tracking import END_RUN_ACTIONS
 

@@ -9,10 +9,10 @@ from typing import Any
 
 from pipeline.code import LAMBDA, bundles, job_bundles
 from pipeline.config import Config
-from pipeline.config_tracking import tracking_settings
+from pipeline.config.deploy_settings import settings
+from pipeline.config.tracking import tracking_settings
 from pipeline.dag.graph import changed_steps
 from pipeline.dag.requests import check_job_steps
-from pipeline.deploy_settings import settings
 from pipeline.errors import ConfigError, UserError
 from pipeline.records import Upserted
 from pipeline.sagemaker.aws import MAX_INLINE_DEFINITION, Aws, explained, split_s3_uri

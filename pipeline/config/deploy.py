@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from pipeline.config_base import (
+from pipeline.config.base import (
     ENDPOINT_NAME,
     ENDPOINT_NAME_LENGTH,
     INSTANCE_TYPE,

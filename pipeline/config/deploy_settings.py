@@ -4,7 +4,7 @@ use them directly, and `upsert` writes them into the deploy Lambda's environment
 from __future__ import annotations
 
 from pipeline.config import Config
-from pipeline.config_tracking import experiment
+from pipeline.config.tracking import experiment
 from steps.deploy.lifecycle import Policy
 from steps.deploy.sagemaker_account import Settings, Stage
 

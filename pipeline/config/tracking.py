@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from pipeline.config_base import MLFLOW_ARN, Section, pattern
+from pipeline.config.base import MLFLOW_ARN, Section, pattern
 from steps import contract
 
 

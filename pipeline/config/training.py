@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config_backend import NeuronBackend
-from pipeline.config_base import INSTANCE_TYPE, S3_URI, Section
-from pipeline.devices import (
+from pipeline.config.backend import NeuronBackend
+from pipeline.config.base import INSTANCE_TYPE, S3_URI, Section
+from pipeline.config.devices import (
     MULTI_NODE_NEURON_TYPES,
     REFERENCE_GLOBAL_BATCH,
     REFERENCE_LEARNING_RATE,
@@ -39,7 +39,7 @@ class Training(NeuronBackend):
     model_id: str = Field(default="bert-base-uncased", min_length=1)
     epochs: int = Field(default=2, ge=1)
     max_steps: int = -1  # -1: train for `epochs`; else exactly this many optimizer steps
-    batch_size: int = Field(ge=1)  # per device; `auto` (the default): pipeline/devices.py DEVICE_BATCH_SIZE
+    batch_size: int = Field(ge=1)  # per device; `auto` (the default): pipeline/config/devices.py DEVICE_BATCH_SIZE
     grad_accum: int = Field(default=1, ge=1)
     # auto: REFERENCE_LEARNING_RATE at REFERENCE_GLOBAL_BATCH (devices.py), which train.py scales to the run's global
     # batch by the square-root rule (see learning_rate_for)

@@ -8,7 +8,7 @@ import unicodedata
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config_base import ROLE_ARN, Section, pattern
+from pipeline.config.base import ROLE_ARN, Section, pattern
 
 # SageMaker's Tag shape (botocore): \p{L}\p{Z}\p{N} and _.:/=+-@, keys 1-128 and values 0-256 characters, 50 tags
 # (the registry's customer metadata keys and values take the same characters)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from pipeline.config_base import Section
+from pipeline.config.base import Section
 
 
 class NeuronBackend(Section):

@@ -11,14 +11,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
-from pipeline.config_aws import TAG_CHARACTERS, Aws, tag_text
-from pipeline.config_base import ENDPOINT_NAME, EXPECTED, INSTANCE_TYPE, ROLE_ARN, S3_URI, Section, pattern
-from pipeline.config_deploy import Alerts, Deploy
-from pipeline.config_tracking import Tracking
-from pipeline.config_training import Training
+from pipeline.config.aws import TAG_CHARACTERS, Aws, tag_text
+from pipeline.config.base import ENDPOINT_NAME, EXPECTED, INSTANCE_TYPE, ROLE_ARN, S3_URI, Section, pattern
+from pipeline.config.deploy import Alerts, Deploy
+from pipeline.config.overrides import flatten, merge, parse_override, read_mapping, set_path
+from pipeline.config.tracking import Tracking
+from pipeline.config.training import Training
 from pipeline.dag.durations import expire_after
 from pipeline.errors import ConfigError, UserError
-from pipeline.overrides import flatten, merge, parse_override, read_mapping, set_path
 from pipeline.prices import DEFAULT_PRICES
 from steps import contract
 from steps.contract import APPROVAL_STATUSES, PENDING, source_kind

@@ -8,8 +8,8 @@ import re
 import shlex
 from pathlib import Path
 
+from pipeline.config.overrides import load
 from pipeline.errors import ConfigError
-from pipeline.overrides import load
 
 
 def set_lines(updates: dict[str, str]) -> list[str]:
