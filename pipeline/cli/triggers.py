@@ -18,18 +18,10 @@ triggers_app = typer.Typer(help="EventBridge rules: deploy on approval, schedule
 def triggers_apply(
     ctx: typer.Context,
     print_only: Annotated[bool, typer.Option("--print-only", help="Show the rules without creating them.")] = False,
-    print_policies: Annotated[
-        bool, typer.Option("--print-policies", help="Print the IAM policies the rules and the Lambda need.")
-    ] = False,
 ) -> None:
     """Create or update the rules of the `triggers` section (idempotent); a rule turned off is deleted."""
     from pipeline.sagemaker import triggers
-    from pipeline.sagemaker.policies import policies
-
     cfg = ctx.obj.load()
-    if print_policies:
-        console.print_json(json.dumps(policies(cfg)))
-        return
     for row in triggers.apply(cfg, None if print_only else Aws(cfg.aws.region), print_only):
         console.print(f"{row['action']:>9}  {row['name']}")
 
