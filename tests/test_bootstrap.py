@@ -57,7 +57,7 @@ def deploy(aws, kms=False, sets=(), **kwargs):
         warnings.simplefilter("always")
         result = bootstrap.deploy_stack(cfg, aws.client("cloudformation"), STACK,
                                         bootstrap.stack_parameters(cfg, kms=kms), on_event=events.append,
-                                        sleep=lambda s: None, **kwargs)
+                                        **kwargs)
     skipped = {t for w in caught for t in MOTO_SKIPS if f"parse {t} but" in str(w.message)}
     return result, events, skipped
 
@@ -126,8 +126,7 @@ def test_second_run_changes_nothing_and_a_change_updates(aws):
     cfg = fresh_config()
     params = {**bootstrap.stack_parameters(cfg), "CheckpointExpirationDays": "7"}
     seen: list[dict] = []
-    updated = bootstrap.deploy_stack(cfg, aws.client("cloudformation"), STACK, params, on_event=seen.append,
-                                     sleep=lambda s: None)
+    updated = bootstrap.deploy_stack(cfg, aws.client("cloudformation"), STACK, params, on_event=seen.append)
     assert updated.action == "updated" and updated.outputs == first.outputs
     assert seen[-1]["ResourceStatus"] == "UPDATE_COMPLETE"
     assert all(e["ResourceStatus"] != "CREATE_COMPLETE" for e in seen)  # only events of this update
@@ -137,9 +136,9 @@ def test_a_run_without_kms_or_bucket_keeps_what_the_stack_has(aws):
     first, _, _ = deploy(aws, kms=True)
     cfg, cf = fresh_config(), aws.client("cloudformation")
     assert "UseKmsKey" not in bootstrap.stack_parameters(cfg) and "BucketName" not in bootstrap.stack_parameters(cfg)
-    assert bootstrap.deploy_stack(cfg, cf, STACK, sleep=lambda s: None).action == "unchanged"
+    assert bootstrap.deploy_stack(cfg, cf, STACK).action == "unchanged"
     params = {**bootstrap.stack_parameters(cfg), "NoncurrentVersionExpirationDays": "9"}
-    updated = bootstrap.deploy_stack(cfg, cf, STACK, params, sleep=lambda s: None)
+    updated = bootstrap.deploy_stack(cfg, cf, STACK, params)
     assert updated.action == "updated" and updated.outputs["KmsKeyArn"] == first.outputs["KmsKeyArn"]
     (stack,) = cf.describe_stacks(StackName=STACK)["Stacks"]
     deployed = {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}
@@ -156,8 +155,7 @@ def test_delete_refuses_while_the_bucket_holds_data_then_force_empties_it(aws):
     with pytest.raises(BootstrapError, match=r"holds 3 object version\(s\).*--force"):
         bootstrap.delete_stack(fresh_config(), cf, aws.s3, aws.sagemaker, STACK)
     assert cf.describe_stacks(StackName=STACK)["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
-    done = bootstrap.delete_stack(fresh_config(), cf, aws.s3, aws.sagemaker, STACK, force=True,
-                                  sleep=lambda s: None)
+    done = bootstrap.delete_stack(fresh_config(), cf, aws.s3, aws.sagemaker, STACK, force=True)
     assert (done.action, done.emptied) == ("deleted", 3)
     assert bucket not in [b["Name"] for b in aws.s3.list_buckets()["Buckets"]]
     assert not [r for r in aws.client("iam").list_roles()["Roles"] if r["RoleName"].startswith(STACK)]
@@ -198,7 +196,7 @@ def test_delete_refuses_while_the_group_holds_versions_or_endpoints_run_as_the_r
     sm.delete_endpoint_config(EndpointConfigName="gone-config-cfg")
 
     with pytest.raises(BootstrapError) as refused:
-        bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK, force=True, sleep=lambda s: None)
+        bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK, force=True)
     assert str(refused.value) == (
         f"stack {STACK}: nothing was deleted: model package group {group} holds 1 version(s) (delete them: aws "
         f"sagemaker delete-model-package --model-package-name <arn>); endpoint(s) trainium-bert run models as role "
@@ -212,24 +210,15 @@ def test_delete_refuses_while_the_group_holds_versions_or_endpoints_run_as_the_r
     from moto.sagemaker.models import sagemaker_backends
 
     sagemaker_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].model_packages.pop(package)  # moto lacks DeleteModelPackage
-    assert bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK, sleep=lambda s: None).action == "deleted"
-
-
-class ScriptedCloudFormation:
-    """A stack that goes through `statuses` and reports `events` (newest first, as the API does)."""
-
-    def __init__(self, statuses: list[str], events: list[dict]) -> None:
-        self.statuses, self.events = statuses, events
-
-    def describe_stacks(self, StackName):  # noqa: N803
-        status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
-        return {"Stacks": [{"StackName": "s", "StackId": "id", "StackStatus": status}]}
-
-    def describe_stack_events(self, StackName):  # noqa: N803
-        return {"StackEvents": self.events[::-1]}
+    assert bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK).action == "deleted"
 
 
 def test_a_failed_create_names_the_resource_and_its_reason_in_one_line():
+    """botocore's waiter stops at ROLLBACK_COMPLETE (its failure state); the events of the stack (newest first, as
+    the API lists them) name the resource that failed first, not the ones cancelled after it."""
+    import boto3
+    from botocore.stub import Stubber
+
     events = [
         {"EventId": "1", "LogicalResourceId": "s", "ResourceType": "AWS::CloudFormation::Stack",
          "ResourceStatus": "CREATE_IN_PROGRESS"},
@@ -240,10 +229,22 @@ def test_a_failed_create_names_the_resource_and_its_reason_in_one_line():
         {"EventId": "4", "LogicalResourceId": "s", "ResourceType": "AWS::CloudFormation::Stack",
          "ResourceStatus": "ROLLBACK_COMPLETE"},
     ]
-    cf = ScriptedCloudFormation(["CREATE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS", "ROLLBACK_COMPLETE"], events)
-    seen: list[dict] = []
-    with pytest.raises(BootstrapError) as failure:
-        bootstrap.wait_stack(cf, "s", "CREATE", set(), seen.append, sleep=lambda s: None)
+    stamped = [{**e, "StackId": "id", "StackName": "s", "Timestamp": "2026-12-07T12:00:00Z"} for e in events]
+    cf = boto3.client("cloudformation", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+
+    def stack(status: str) -> dict:
+        return {"Stacks": [{"StackName": "s", "StackId": "id", "StackStatus": status,
+                            "CreationTime": "2026-12-07T12:00:00Z"}]}
+
+    with Stubber(cf) as stub:
+        for status in ("CREATE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS", "ROLLBACK_COMPLETE"):  # the waiter's polls
+            stub.add_response("describe_stacks", stack(status), {"StackName": "s"})
+        stub.add_response("describe_stacks", stack("ROLLBACK_COMPLETE"), {"StackName": "s"})
+        stub.add_response("describe_stack_events", {"StackEvents": stamped[::-1]}, {"StackName": "s"})
+        seen: list[dict] = []
+        with pytest.raises(BootstrapError) as failure:
+            bootstrap.wait_stack(cf, "s", "CREATE", set(), seen.append, poll=0)
+        stub.assert_no_pending_responses()
     message = str(failure.value)
     assert "\n" not in message
     assert message == ("stack s: create failed (ROLLBACK_COMPLETE): Bucket (AWS::S3::Bucket) CREATE_FAILED: "
@@ -303,7 +304,7 @@ def end_to_end(aws: Aws) -> None:
     from pipeline.definition import definition
     from pipeline.sagemaker.upsert import upsert
 
-    result = bootstrap.deploy_stack(fresh_config(), aws.client("cloudformation"), STACK, sleep=lambda s: None)
+    result = bootstrap.deploy_stack(fresh_config(), aws.client("cloudformation"), STACK)
     sets = [line.removeprefix("--set ") for line in config_file.set_lines(bootstrap.config_updates(result.outputs))]
     cfg = load_config(ROOT / "pipeline.yaml", sets, environ={})
     report = upsert(cfg, definition(cfg), aws)

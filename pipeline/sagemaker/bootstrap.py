@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
 from pipeline.code import PROJECT_ROOT
 from pipeline.config import Config
@@ -192,27 +191,25 @@ def wait_stack(
     on_event: EventCallback | None = None,
     poll: float = 5.0,
     timeout: float = 3600.0,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> dict | None:
-    """Poll until `stack` leaves *_IN_PROGRESS, passing each new event to on_event; the final description. Unless
-    the operation completed, raise BootstrapError naming the failed resource and its reason."""
-    deadline = time.monotonic() + timeout
-    history: list[dict] = []
-    while True:
-        described = _describe(cf, stack, deleted=True)
-        status = described["StackStatus"] if described else "DELETE_COMPLETE"
-        events = _new_events(cf, stack, seen) if described else []
-        history.extend(events)
-        for event in events:
-            if on_event:
-                on_event(event)
-        if not status.endswith("_IN_PROGRESS"):
-            break
-        if time.monotonic() > deadline:
-            raise BootstrapError(f"stack {stack}: still {status} after {timeout:.0f} s; see the CloudFormation console")
-        sleep(poll)
+    """Wait for `operation` (CREATE, UPDATE or DELETE) with botocore's waiter, then pass the stack's new events to
+    on_event; the final description. Unless the operation completed, raise BootstrapError naming the failed
+    resource and its reason."""
+    config = {"Delay": max(0, round(poll)), "MaxAttempts": max(1, round(timeout / max(poll, 1.0)))}
+    try:
+        cf.get_waiter(f"stack_{operation.lower()}_complete").wait(StackName=stack, WaiterConfig=config)
+    except WaiterError:
+        pass  # said below, from the stack's status and events
+    described = _describe(cf, stack, deleted=True)
+    status = described["StackStatus"] if described else "DELETE_COMPLETE"
+    events = _new_events(cf, stack, seen) if described else []
+    for event in events:
+        if on_event:
+            on_event(event)
+    if status.endswith("_IN_PROGRESS"):
+        raise BootstrapError(f"stack {stack}: still {status} after {timeout:.0f} s; see the CloudFormation console")
     if status != f"{operation}_COMPLETE":
-        raise BootstrapError(f"stack {stack}: {operation.lower()} failed ({status}): {failure_reason(history)}")
+        raise BootstrapError(f"stack {stack}: {operation.lower()} failed ({status}): {failure_reason(events)}")
     return None if status == "DELETE_COMPLETE" else described
 
 
@@ -235,7 +232,6 @@ def deploy_stack(
     on_event: EventCallback | None = None,
     poll: float = 5.0,
     timeout: float = 3600.0,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> StackResult:
     """Create the stack, or update it where template, parameters or tags differ; wait; return its outputs. A stack
     left ROLLBACK_COMPLETE by a failed first create (it holds nothing) is deleted and created again."""
@@ -243,7 +239,7 @@ def deploy_stack(
     body, params, tags = template_body(), parameters or stack_parameters(cfg), _tags(cfg)
     request = {"StackName": name, "TemplateBody": body, "Capabilities": CAPABILITIES, "Tags": tags,
                "Parameters": [{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()]}
-    wait = {"on_event": on_event, "poll": poll, "timeout": timeout, "sleep": sleep}
+    wait = {"on_event": on_event, "poll": poll, "timeout": timeout}
     stack = _describe(cf, name)
     if stack is not None and stack["StackStatus"].endswith("_IN_PROGRESS"):
         raise BootstrapError(f"stack {name} is {stack['StackStatus']}: retry when it has finished")
@@ -366,7 +362,6 @@ def delete_stack(
     on_event: EventCallback | None = None,
     poll: float = 5.0,
     timeout: float = 3600.0,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> StackResult:
     """Delete the stack; refuse while anything depends on it (check_nothing_depends), and while its bucket holds
     any object version, unless `force` (then empty it first)."""
@@ -392,5 +387,5 @@ def delete_stack(
             raise BootstrapError(f"empty bucket {bucket}: {e.get('Key')}: {e.get('Code')}: {e.get('Message')}")
     seen = {e["EventId"] for e in _new_events(cf, name, set())}
     _call(f"delete stack {name}", cf.delete_stack, StackName=stack["StackId"])
-    wait_stack(cf, stack["StackId"], "DELETE", seen, on_event, poll, timeout, sleep)
+    wait_stack(cf, stack["StackId"], "DELETE", seen, on_event, poll, timeout)
     return StackResult("deleted", name, emptied=len(versions))
