@@ -360,7 +360,11 @@ def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
 
 def split_of(path: Path, root: Path) -> str | None:
     """train / test from the file name, then from its folders (deepest first): the first that holds a keyword of
-    exactly one split as a whole word; None if none does."""
+    exactly one split as a whole word; None if none does.
+
+    By hand, after datasets' rules (`datasets.data_files.get_data_patterns`): datasets is not in the processing
+    image, and installing it (with its dependencies) into every job that reads local files, only to name splits,
+    would cost each such job its install; it is installed for a Hub source alone (tests/test_images.py holds both)."""
     for part in reversed(path.relative_to(root).parts):
         words = set(WORD_SEPARATORS.split(part.lower()))
         found = [split for split, keywords in SPLIT_KEYWORDS.items() if words & keywords]
