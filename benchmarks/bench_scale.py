@@ -81,8 +81,12 @@ def measure_tokenize(pre, tokenizer: Path, rows: int, threads: int, scratch: Pat
     chars = sum(len(t) + len(c) for table, _ in readers.sample_chunks("train", rows, 42)
                 for t, c in zip(table["title"].to_pylist(), table["content"].to_pylist(), strict=True))
     chars = chars * (1 + 0.1)  # the sample source adds rows/10 test reviews of the same kind
-    args = pre.parse_args(["--source", f"sample:{rows}", "--model-id", str(tokenizer), "--output-dir",
-                           str(scratch / "tok"), "--num-proc", str(threads)])
+    from pipeline.config import load_config
+    from pipeline.definition import step_arguments
+
+    given = step_arguments(load_config(ROOT / "pipeline.yaml", environ={}), "Tokenize")  # the config's defaults
+    args = pre.parse_args([*given, "--source", f"sample:{rows}", "--model-id", str(tokenizer),
+                           "--output-dir", str(scratch / "tok"), "--num-proc", str(threads)])
     stats = pre.run(args)
     seconds = sum(info["seconds"] for info in stats["input"].values())
     rows_in = sum(info["rows_in"] for info in stats["input"].values())

@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def write_sample(pre, folder: Path, rows: int, seed: int, fmt: str) -> list:  # noqa: ANN001
     """The sample source as files of the format; returns the tokenizer inputs in the order preprocess sees them."""
@@ -65,10 +67,14 @@ def raw_rate(model_id: str, inputs: list, max_length: int, method: str) -> tuple
 def ours_rate(pre, model_id: str, folder: Path, max_length: int) -> tuple[float, float, float]:  # noqa: ANN001
     """Rows/s and rows per CPU second of the split processing (as in stats.json), and rows/s end to end
     (with tokenizer loading)."""
+    from pipeline.config import load_config
+    from pipeline.definition import step_arguments
+
+    given = step_arguments(load_config(ROOT / "pipeline.yaml", environ={}), "Tokenize")  # the config's defaults
     out = Path(tempfile.mkdtemp(dir=folder))
     t0 = time.perf_counter()
-    stats = pre.run(pre.parse_args(["--source", str(folder / "in"), "--model-id", model_id, "--max-length",
-                                    str(max_length), "--output-dir", str(out)]))
+    stats = pre.run(pre.parse_args([*given, "--source", str(folder / "in"), "--model-id", model_id,
+                                    "--max-length", str(max_length), "--output-dir", str(out)]))
     total = time.perf_counter() - t0
     rows = sum(s["rows_in"] for s in stats["input"].values())
     seconds = sum(s["seconds"] for s in stats["input"].values())

@@ -388,14 +388,28 @@ def definition(cfg: Config) -> str:
     return json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
 
 
-def train_arguments(cfg: Config) -> list[str]:
-    """train.py's command line as the Train step passes it, the pipeline's parameters at their defaults: where a
-    test or benchmark that runs train.py itself starts (the config is the one home of every default)."""
+def step_arguments(cfg: Config, name: str) -> list[str]:
+    """The command line that step `name` (Tokenize, Train or Evaluate) gives its script, the pipeline's parameters at
+    their defaults, the container's folders left out: where a test or benchmark that runs a step's script itself
+    starts (the config is the one home of every default; the scripts default none of them)."""
     from pipeline.dag.expressions import Context, evaluate
     from pipeline.dag.parameters import resolve
 
     dag = json.loads(definition(cfg))
-    (train,) = [step for step in dag["Steps"] if step["Name"] == contract.TRAIN]
+    (step,) = [step for step in dag["Steps"] if step["Name"] == name]
     context = Context(parameters=resolve(dag, {}), execution={}, properties={})
-    given = evaluate(train["Arguments"]["HyperParameters"], context, "Train's hyperparameters")
-    return [part for key, value in given.items() if not key.startswith("sagemaker_") for part in (f"--{key}", value)]
+    arguments = step["Arguments"]
+    if "HyperParameters" in arguments:
+        given = evaluate(arguments["HyperParameters"], context, f"{name}'s hyperparameters")
+        return [part for key, value in given.items() if not key.startswith("sagemaker_")
+                for part in (f"--{key}", value)]
+    line = evaluate(arguments["AppSpecification"]["ContainerArguments"], context, f"{name}'s arguments")
+    kept, skip = [], False
+    for part in line:
+        if skip:
+            skip = False
+        elif part.endswith("-dir"):
+            skip = True
+        else:
+            kept.append(part)
+    return kept

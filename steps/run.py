@@ -14,6 +14,7 @@ module imports and every package of the image is unchanged (pip exits 0 on some 
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.machinery
 import importlib.metadata
@@ -114,10 +115,13 @@ def pip_command(lines: list[str], constraints: Path, wheels: Path = WHEELS) -> l
 
 def needed_modules(step: str, args: list[str]) -> tuple[str, ...]:
     """The libraries `step` imports with these arguments: those of its requirements.txt, but tokenize needs datasets
-    for a Hub dataset source only (its default; not `sample[:N]`, `s3://...` or a local folder)."""
-    source = next((a.split("=", 1)[1] for a in args if a.startswith("--source=")), None)
-    if "--source" in args[:-1]:
-        source = args[args.index("--source") + 1]
+    for a Hub dataset source only (not `sample[:N]`, `s3://...` or a local folder)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--source")
+    try:
+        source = parser.parse_known_args(args)[0].source  # as the step's own parser reads it: the last one given
+    except SystemExit:  # `--source` without a value: the step's parser says so
+        source = None
     local = step == "tokenize" and source and (source.startswith(("sample", "s3://")) or Path(source).exists())
     return tuple(m for m in requirements(step) if not (local and m in HUB_SOURCE_NEEDS))
 

@@ -5,6 +5,7 @@ Both are built in well under a second, saved to folders, and load with the Auto*
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -26,6 +27,17 @@ CORPUS = [
     "disappointed: broke after a week, customer service never answered",
     "mixed feelings. the screen is superb but the software is annoying",
 ]
+
+
+@functools.cache
+def step_arguments(step: str) -> tuple[str, ...]:
+    """What step `step` (Tokenize or Evaluate) passes its script under the shipped config, the one home of those
+    defaults (the scripts default none of them), the container's folders left out: a test's own arguments follow
+    (argparse keeps the last)."""
+    from pipeline.config import load_config
+    from pipeline.definition import step_arguments as of_step
+
+    return tuple(of_step(load_config(ROOT / "pipeline.yaml", environ={}), step))
 
 
 def build_tokenizer(folder: Path, extra_texts: list[str] | None = None) -> Path:

@@ -19,10 +19,10 @@ def config_arguments() -> tuple[str, ...]:
     one home of their defaults): what a test that launches train.py itself starts from, its own values after them
     (argparse keeps the last)."""
     from pipeline.config import load_config
-    from pipeline.definition import train_arguments
+    from pipeline.definition import step_arguments
 
     root = Path(__file__).resolve().parents[1]
-    return tuple(train_arguments(load_config(root / "pipeline.yaml", environ={}, local=True)))
+    return tuple(step_arguments(load_config(root / "pipeline.yaml", environ={}, local=True), "Train"))
 
 
 POSITIVE = ["great", "excellent", "love", "wonderful", "perfect", "fantastic", "recommend", "happy"]

@@ -58,13 +58,13 @@ def test_the_gate_reads_what_evaluate_writes():
 def test_train_py_requires_what_the_train_step_passes_and_defaults_none_of_it():
     """The config is the one home of the hyperparameters' defaults: train.py requires each one the Train step
     passes (none silently defaulted), and parses the step's command line to the config's values."""
-    from pipeline.definition import train_arguments
+    from pipeline.definition import step_arguments
 
     spec = importlib.util.spec_from_file_location("train_required", ROOT / "training" / "train.py")
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     cfg = load_config(ROOT / "pipeline.yaml", environ={})
-    given = train_arguments(cfg)
+    given = step_arguments(cfg, "Train")
     keys = given[::2]
     assert len(keys) >= 16 and "--epochs" in keys and "--learning-rate" in keys
     parsed = train.parse_args(given)
@@ -86,6 +86,28 @@ def test_train_py_requires_what_the_train_step_passes_and_defaults_none_of_it():
         with pytest.raises(SystemExit):
             train.parse_args([*given, "--max-steps", refused])
     assert train.parse_args([*given, "--max-steps", "1"]).max_steps == 1
+
+
+@pytest.mark.parametrize("step, module, values", [
+    ("Tokenize", "steps.tokenize.preprocess", {"max_length": 128, "validation_share": 0.05, "max_bad_share": 0.01}),
+    ("Evaluate", "steps.evaluation.evaluate", {"sample_size": 4000, "min_agreement": 0.99, "int8_tolerance": 0.005}),
+])
+def test_the_step_scripts_require_what_their_step_passes_and_default_none_of_it(step, module, values):
+    """As train.py: each value the config gives a processing step is required by its script (the container's
+    folders keep the defaults of the container contract)."""
+    from pipeline.definition import step_arguments
+
+    script = importlib.import_module(module)
+    given = step_arguments(load_config(ROOT / "pipeline.yaml", environ={}), step)
+    parsed = script.parse_args(given)
+    assert {key: getattr(parsed, key) for key in values} == values
+    options = [i for i, part in enumerate(given) if part.startswith("--") and not part.startswith("--no-")]
+    assert len(options) >= 5
+    for i in options:
+        flag = i + 1 == len(given) or given[i + 1].startswith("--")
+        left_out = given[:i] + given[i + (1 if flag else 2):]
+        with pytest.raises(SystemExit):
+            script.parse_args(left_out)
 
 
 def modules() -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from fixtures_ml import CORPUS, add_serving_code, build_split_model, build_tokenizer, write_tokenized
+from fixtures_ml import CORPUS, add_serving_code, build_split_model, build_tokenizer, step_arguments, write_tokenized
 
 from pipeline.local.endpoint import LocalEndpoint
 from steps import contract
@@ -38,7 +38,8 @@ def evaluated(tmp_path_factory, no_network_module) -> tuple[Path, Path, list[int
     assert any(1 in row for row in types)
     test = write_tokenized(root / "test", ids, types, labels, texts=ROWS)
     out = root / "evaluation"
-    ev.run(ev.parse_args(["--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(out),
+    ev.run(ev.parse_args([*step_arguments("Evaluate"),
+                          "--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(out),
                           "--sample-size", "10", "--no-int8"]))
     return model, out, labels
 

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_ml import STEPS, add_serving_code, build_model, build_tokenizer, write_tokenized
+from fixtures_ml import STEPS, add_serving_code, build_model, build_tokenizer, step_arguments, write_tokenized
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -136,7 +136,7 @@ def write_predictions(model_dir: Path, rows: list[Row], margins: np.ndarray) -> 
 
 def evaluate(model: Path, test: Path, out: Path, *extra: str, batch_size: int = 3, onnx: bool = False) -> dict:
     """The step on these inputs; the ONNX Runtime variants (an export each time) only when asked for."""
-    argv = ["--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(out),
+    argv = [*step_arguments("Evaluate"), "--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(out),
             "--serving-dir", str(out / "serving"), "--batch-size", str(batch_size), *extra]
     argv += [] if onnx else ["--no-onnx"]
     assert ev.main(argv) == 0
@@ -149,7 +149,8 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     rows = random_rows(40, seed=3)
     test = write_split(tmp_path / "test", rows)
     model_dir = split_at_median(model_dir, tmp_path / "model", rows)
-    cmd = [sys.executable, "-m", "steps.evaluation", "--model-dir", str(tarball(model_dir, tmp_path / "m")),
+    cmd = [sys.executable, "-m", "steps.evaluation", *step_arguments("Evaluate"),
+           "--model-dir", str(tarball(model_dir, tmp_path / "m")),
            "--test-dir", str(test), "--output-dir", str(tmp_path / "eval"), "--serving-dir", str(tmp_path / "serving"),
            "--batch-size", "8"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ONE_THREAD)
@@ -218,7 +219,8 @@ def test_predictions_of_another_model_fail_the_check(model_dir: Path, tmp_path: 
     model = split_at_median(model_dir, tmp_path / "model", rows)
     write_predictions(model, rows, -row_by_row(model, rows))  # every prediction flipped
     test = write_split(tmp_path / "test", rows)
-    argv = ["--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(tmp_path / "eval")]
+    argv = [*step_arguments("Evaluate"),
+            "--model-dir", str(model), "--test-dir", str(test), "--output-dir", str(tmp_path / "eval")]
     assert ev.main(argv) == 1
     assert "disagree on 30 of 30 sampled test rows" in capsys.readouterr().err
 
@@ -458,7 +460,8 @@ def test_shipped_accuracy_metric_loads_by_path() -> None:
 def test_missing_model_fails_naming_the_path(tmp_path: Path) -> None:
     test = write_split(tmp_path / "test", random_rows(4))
     (tmp_path / "empty").mkdir()
-    cmd = [sys.executable, "-m", "steps.evaluation", "--model-dir", str(tmp_path / "empty"),
+    cmd = [sys.executable, "-m", "steps.evaluation", *step_arguments("Evaluate"),
+           "--model-dir", str(tmp_path / "empty"),
            "--test-dir", str(test), "--output-dir", str(tmp_path / "eval")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ONE_THREAD)
     assert proc.returncode != 0
@@ -471,7 +474,7 @@ def test_bad_inputs_fail_with_messages(model_dir: Path, tmp_path: Path,
     test = write_split(tmp_path / "test", random_rows(4))
 
     def fails(model: Path, test_dir: Path, *expected: str) -> None:
-        assert ev.main(["--model-dir", str(model), "--test-dir", str(test_dir),
+        assert ev.main([*step_arguments("Evaluate"), "--model-dir", str(model), "--test-dir", str(test_dir),
                         "--output-dir", str(tmp_path / "eval")]) == 1
         err = capsys.readouterr().err
         for text in expected:

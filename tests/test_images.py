@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures_ml import CORPUS, ROOT, write_tokenized
+from fixtures_ml import CORPUS, ROOT, step_arguments, write_tokenized
 
 IMAGES = ROOT / "tests" / "images"
 VENVS = {"inference": os.environ.get("IMAGE_VENV_INFERENCE")}
@@ -101,7 +101,8 @@ def test_tokenize_in_its_image_adds_packages_and_changes_none(tmp_path):
     tokenizer = image_tokenizer(python, tmp_path / "tokenizer")
     before = packages(python)
     assert "pyarrow" not in before, "the install path must run"
-    proc = run_step(python, "tokenize", "--source", "sample:120", "--model-id", str(tokenizer), "--max-length",
+    proc = run_step(python, "tokenize", *step_arguments("Tokenize"),
+                    "--source", "sample:120", "--model-id", str(tokenizer), "--max-length",
                     "64", "--validation-share", "0.2", "--output-dir", str(tmp_path / "out"))
     after = packages(python)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -127,7 +128,8 @@ def test_evaluate_in_the_inference_image_adds_packages_and_changes_none(tmp_path
     write_tokenized(tmp_path / "test", enc["input_ids"], enc["token_type_ids"], labels)
     before = packages(python)
     assert "datasets" not in before and "pyarrow" not in before, "the install path must run"
-    proc = run_step(python, "evaluation", "--model-dir", str(model), "--test-dir", str(tmp_path / "test"),
+    proc = run_step(python, "evaluation", *step_arguments("Evaluate"),
+                    "--model-dir", str(model), "--test-dir", str(tmp_path / "test"),
                     "--output-dir", str(tmp_path / "evaluation"), "--sample-size", "16")
     after = packages(python)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -148,7 +150,7 @@ def test_tokenize_of_a_hub_dataset_installs_datasets_and_changes_nothing(tmp_pat
     python = overlay(Path(VENVS["inference"]), tmp_path / "job")
     before = packages(python)
     assert "datasets" not in before, "the install path must run"
-    proc = run_step(python, "tokenize", "--source", "amazon_polarity", "--model-id",
+    proc = run_step(python, "tokenize", *step_arguments("Tokenize"), "--source", "amazon_polarity", "--model-id",
                     str(image_tokenizer(python, tmp_path / "tokenizer")), "--output-dir", str(tmp_path / "out"))
     after = packages(python)
     check_only_added(before, after, proc)

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_ml import build_tokenizer
+from fixtures_ml import build_tokenizer, step_arguments
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -49,7 +49,7 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(tok_dir: Path, source: str | Path, out: Path, *extra: str) -> dict:
     """Run the step in-process; return stats.json."""
-    argv = ["--source", str(source), "--model-id", str(tok_dir), "--max-length", "32",
+    argv = [*step_arguments("Tokenize"), "--source", str(source), "--model-id", str(tok_dir), "--max-length", "32",
             "--validation-share", "0.2", "--seed", "7", "--output-dir", str(out), *extra]
     assert pre.main(argv) == 0
     return json.loads((out / "stats" / "stats.json").read_text())
@@ -266,7 +266,8 @@ def test_bad_input_errors_name_the_file(tok_dir: Path, tmp_path: Path, capsys: p
     folder = tmp_path / "in"
     write_csv(folder / "train.csv", ['1,"t","fine"'])
     (folder / "test.csv").write_text("stars,body\n1,hello\n")
-    argv = ["--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out")]
+    argv = [*step_arguments("Tokenize"),
+            "--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out")]
     assert pre.main(argv) == 1
     err = capsys.readouterr().err
     assert "test.csv" in err and "label column" in err
@@ -284,7 +285,7 @@ def test_bad_input_errors_name_the_file(tok_dir: Path, tmp_path: Path, capsys: p
 
 def test_a_max_length_over_the_models_limit_is_refused(tok_dir: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
-    argv = ["--source", "sample:20", "--model-id", str(tok_dir), "--max-length", "1024",
+    argv = [*step_arguments("Tokenize"), "--source", "sample:20", "--model-id", str(tok_dir), "--max-length", "1024",
             "--output-dir", str(tmp_path / "out")]
     assert pre.main(argv) == 1
     assert "--max-length 1024 exceeds the model's limit 512" in capsys.readouterr().err
@@ -339,7 +340,8 @@ def test_hidden_folders_and_unreadable_text_are_not_data(tok_dir: Path, tmp_path
 
     (folder / "test.parquet").unlink()
     (folder / "test.jsonl.gz").write_bytes(gzip.compress("\n".join(lines).encode())[:60])  # a cut download
-    argv = ["--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out3")]
+    argv = [*step_arguments("Tokenize"),
+            "--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out3")]
     assert pre.main(argv) == 1
     assert "test.jsonl.gz: EOFError" in capsys.readouterr().err  # one line, no traceback
 
@@ -348,7 +350,8 @@ def test_cli_fails_when_too_many_rows_are_bad(tok_dir: Path, tmp_path: Path) -> 
     rows = [f'{i % 2},"t","fine {i}"' for i in range(95)] + ['7,"t","x"'] * 5
     write_csv(tmp_path / "in" / "train.csv", rows)
     write_csv(tmp_path / "in" / "test.csv", ['1,"t","fine"'])
-    cmd = [sys.executable, "-m", "steps.tokenize", "--source", str(tmp_path / "in"), "--model-id",
+    cmd = [sys.executable, "-m", "steps.tokenize", *step_arguments("Tokenize"),
+           "--source", str(tmp_path / "in"), "--model-id",
            str(tok_dir), "--max-length", "32", "--validation-share", "0.05", "--seed", "42",
            "--max-bad-share", "0.01", "--output-dir", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -369,7 +372,8 @@ def test_unclosed_quote_fails_naming_the_line_and_counts_the_swallowed_rows(tok_
     rows[2999] = '1,title 2999,"the quote of this review never closes'
     write_csv(tmp_path / "in" / "train.csv", rows)
     write_csv(tmp_path / "in" / "test.csv", csv_rows(10))
-    cmd = [sys.executable, "-m", "steps.tokenize", "--source", str(tmp_path / "in"), "--model-id",
+    cmd = [sys.executable, "-m", "steps.tokenize", *step_arguments("Tokenize"),
+           "--source", str(tmp_path / "in"), "--model-id",
            str(tok_dir), "--max-length", "32", "--output-dir", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
@@ -522,11 +526,12 @@ def test_a_split_with_no_valid_row_says_why_and_where(tok_dir: Path, tmp_path: P
     folder = tmp_path / "in"
     write_csv(folder / "train.csv", ["pos,Great,Loved it", "neg,Bad,Hated it"])
     write_csv(folder / "test.csv", ["1,Great,Loved it"])
-    argv = ["--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out")]
+    argv = [*step_arguments("Tokenize"),
+            "--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out")]
     assert pre.main(argv) == 1
     assert (f"train: no valid rows (of 2: invalid_label=2); {folder / 'train.csv'} row 1 of a chunk: label 'pos' is "
             "not 0/1, negative/positive or false/true") in capsys.readouterr().err
-    argv[1] = str(folder / "train.csv")
+    argv[-5] = str(folder / "train.csv")  # the --source
     assert pre.main(argv) == 1
     assert f"input folder {folder / 'train.csv'} is a file: give the folder that holds it ({folder})" in \
         capsys.readouterr().err

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-from fixtures_ml import build_tokenizer
+from fixtures_ml import build_tokenizer, step_arguments
 
 from pipeline.config import ConfigError, load_config
 from pipeline.definition import definition
@@ -29,7 +29,8 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(tok_dir: Path, source: str | Path, out: Path, *extra: str) -> dict:
     """Run the step in-process; return stats.json."""
-    argv = ["--source", str(source), "--model-id", str(tok_dir), "--max-length", "32", "--validation-share", "0.2",
+    argv = [*step_arguments("Tokenize"),
+            "--source", str(source), "--model-id", str(tok_dir), "--max-length", "32", "--validation-share", "0.2",
             "--seed", "7", "--output-dir", str(out), *extra]
     assert pre.main(argv) == 0
     return json.loads((out / "stats" / "stats.json").read_text())
@@ -153,4 +154,5 @@ def test_true_false_labels_as_pandas_writes_them_are_labels(tok_dir: Path, tmp_p
 def test_a_missing_local_folder_is_reported_as_a_folder_not_looked_up_on_the_hub(tok_dir: Path,
                                                                                  tmp_path: Path) -> None:
     with pytest.raises(rd.StepError, match=r"input folder .*missing does not exist"):
-        rd.source_chunks(pre.parse_args(["--source", str(tmp_path / "missing"), "--model-id", str(tok_dir)]))
+        rd.source_chunks(pre.parse_args([*step_arguments("Tokenize"),
+                                         "--source", str(tmp_path / "missing"), "--model-id", str(tok_dir)]))

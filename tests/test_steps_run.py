@@ -30,11 +30,14 @@ def test_each_step_has_its_own_requirements():
     (["--source", "sample:2000"], False),
     (["--source=s3://bucket/polarity/"], False),
     (["--source", "amazon_polarity"], True),
-    ([], True),  # the tokenize step's default source is a Hub dataset
+    ([], True),  # no --source (the step refuses that): all it could need
 ])
 def test_tokenize_needs_datasets_for_a_hub_source_only(args, datasets, tmp_path):
     assert ("datasets" in run.needed_modules("tokenize", args)) is datasets
     assert "datasets" not in run.needed_modules("tokenize", ["--source", str(tmp_path)])  # a local folder
+    # the last --source counts, as in the step's own parser (a test's arguments follow the config's)
+    assert "datasets" not in run.needed_modules("tokenize", ["--source", "owner/name", "--source=sample:5"])
+    assert "datasets" in run.needed_modules("tokenize", ["--source", "sample:5", "--source", "owner/name"])
     assert {"datasets", "evaluate"} <= set(run.needed_modules("evaluation", args))
 
 

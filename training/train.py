@@ -124,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Hyperparameters as SageMaker passes them (`--key value`); unknown keys are warned about and ignored.
 
     Those the Train step passes are required: their defaults live in the config alone (pipeline/config/training.py;
-    `pipeline.definition.train_arguments(cfg)` gives the whole command line for a config)."""
+    `pipeline.definition.step_arguments(cfg, "Train")` gives the whole command line for a config)."""
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     given = p.add_argument_group("passed by the Train step (required; a --precompile run may leave out those that "

@@ -359,17 +359,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--serving-dir", default=SERVING_DIR,
                    help="where the serving artifact (model.tar.gz) is written")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--sample-size", type=int, default=4000, help="rows scored here on CPU (check and variants)")
-    p.add_argument("--min-agreement", type=float, default=0.99,
-                   help="least share of sampled rows on which the CPU agrees with the Train step's predictions")
-    p.add_argument("--seed", type=int, default=42)
+    given = p.add_argument_group("passed by the Evaluate step (required: their defaults live in the config alone)")
+    given.add_argument("--sample-size", type=int, required=True, help="rows scored here on CPU (check and variants)")
+    given.add_argument("--min-agreement", type=float, required=True,
+                       help="least share of sampled rows on which the CPU agrees with the Train step's predictions")
+    given.add_argument("--seed", type=int, required=True)
+    given.add_argument("--int8", action=argparse.BooleanOptionalAction, required=True,
+                       help="consider the int8 variants for the endpoint")
+    given.add_argument("--int8-tolerance", type=float, required=True,
+                       help="largest accuracy loss (a fraction: 0.005 = 0.5 points) of a variant the endpoint serves")
     p.add_argument("--tracking-dir", help="the folder of tracking.json (where the MLflow server is; none: untracked)")
-    p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
-                   help="consider the int8 variants for the endpoint (default on)")
     p.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
                    help="consider the ONNX Runtime variants for the endpoint (default on)")
-    p.add_argument("--int8-tolerance", type=float, default=0.005,
-                   help="largest accuracy loss (a fraction: 0.005 = 0.5 points) of a variant the endpoint serves")
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.sample_size < 1:
         p.error("--batch-size and --sample-size must be at least 1")

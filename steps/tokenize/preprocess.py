@@ -321,13 +321,14 @@ def process_split(name: str, chunks: Iterator, encoder: Encoder, writers: dict[s
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line of the step (see the contract)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--source", default="fancyzhx/amazon_polarity",
-                   help="sample[:N], s3://... (staged in --input-dir), a local folder, or a Hub dataset name")
-    p.add_argument("--model-id", required=True, help="Hub id or local folder of the model's tokenizer")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--validation-share", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--max-bad-share", type=float, default=0.01)
+    given = p.add_argument_group("passed by the Tokenize step (required: their defaults live in the config alone)")
+    given.add_argument("--source", required=True,
+                       help="sample[:N], s3://... (staged in --input-dir), a local folder, or a Hub dataset name")
+    given.add_argument("--model-id", required=True, help="Hub id or local folder of the model's tokenizer")
+    given.add_argument("--max-length", type=int, required=True)
+    given.add_argument("--validation-share", type=float, required=True)
+    given.add_argument("--seed", type=int, required=True)
+    given.add_argument("--max-bad-share", type=float, required=True)
     p.add_argument("--input-dir", default="/opt/ml/processing/input/data")
     p.add_argument("--output-dir", default="/opt/ml/processing/output")
     p.add_argument("--max-rows-per-split", type=int, default=None, help="read at most N rows of each split")
