@@ -131,7 +131,10 @@ def test_a_failing_evaluate_marks_the_run_failed(mlflow_server, tmp_path):
 
     train = tracking.Tracker("Train", env(mlflow_server, execution="exec-failed"))
     train.log(metrics={"test_accuracy": 0.5})
-    done = subprocess.run([sys.executable, "-m", "steps.evaluation", "--model-dir", str(tmp_path / "none"),
+    from fixtures_ml import step_arguments
+
+    done = subprocess.run([sys.executable, "-m", "steps.evaluation", *step_arguments("Evaluate"),
+                           "--model-dir", str(tmp_path / "none"),
                            "--test-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, **env(mlflow_server, execution="exec-failed")})
