@@ -492,7 +492,8 @@ app = typer.Typer()
 @app.command()
 def wait() -> None:
     print("ready", flush=True)
-    time.sleep(60)
+    for _ in range(600):  # short sleeps: a signal that lands just before a long sleep would wait for its end
+        time.sleep(0.1)
 shared.run(app)
 """
 
