@@ -23,9 +23,9 @@ from moto.server import ThreadedMotoServer
 
 from pipeline.config import file as config_file
 from pipeline.config import load_config
-from pipeline.sagemaker import bootstrap, triggers
+from pipeline.sagemaker import bootstrap, pipeline_stack, stacks
 from pipeline.sagemaker.aws import Aws
-from pipeline.sagemaker.bootstrap import BootstrapError
+from pipeline.sagemaker.stacks import StackError
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = "trainium-bert-bootstrap"
@@ -43,6 +43,23 @@ def test_template_passes_cfn_lint():
     assert [str(m) for m in lint_file(ROOT / "infra" / "template.yaml")] == []
 
 
+def test_the_pipeline_stacks_template_passes_cfn_lint():
+    """With every resource it can hold: the Lambda, its retries to the alerts topic, all seven rules."""
+    from cfnlint.api import lint
+
+    cfg = fresh_config("deploy.lambda_role_arn=arn:aws:iam::123456789012:role/deploy", "data.source=s3://data-bucket/reviews/",
+                       "alerts.topic_arn=arn:aws:sns:us-east-1:123456789012:alerts", "triggers.schedule=rate(1 day)",
+                       "triggers.on_new_data=true", "triggers.events_role_arn=arn:aws:iam::123456789012:role/events",
+                       "tracking.server_arn=arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/t")
+    body = pipeline_stack.template(cfg)
+    kinds = [resource["Type"] for resource in json.loads(body)["Resources"].values()]
+    assert sorted(set(kinds)) == ["AWS::Events::Rule", "AWS::Lambda::EventInvokeConfig", "AWS::Lambda::Function",
+                                  "AWS::Lambda::Permission"]
+    assert kinds.count("AWS::Events::Rule") == 7 and kinds.count("AWS::Lambda::Permission") == 4
+    assert [str(m) for m in lint(body, regions=["us-east-1"])] == []
+    assert body == pipeline_stack.template(cfg)  # byte-identical
+
+
 @pytest.fixture
 def aws(no_network):
     """A fresh in-process moto per test (not the module-wide one: it would also catch the moto_server test's calls)."""
@@ -56,8 +73,8 @@ def deploy(aws, kms=False, sets=(), **kwargs):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = bootstrap.deploy_stack(cfg, aws.client("cloudformation"), STACK,
-                                        bootstrap.stack_parameters(cfg, kms=kms), on_event=events.append,
-                                        **kwargs)
+                                        bootstrap.stack_parameters(cfg, kms=kms),
+                                        stacks.Waiting(on_event=events.append, **kwargs))
     skipped = {t for w in caught for t in MOTO_SKIPS if f"parse {t} but" in str(w.message)}
     return result, events, skipped
 
@@ -126,7 +143,7 @@ def test_second_run_changes_nothing_and_a_change_updates(aws):
     cfg = fresh_config()
     params = {**bootstrap.stack_parameters(cfg), "CheckpointExpirationDays": "7"}
     seen: list[dict] = []
-    updated = bootstrap.deploy_stack(cfg, aws.client("cloudformation"), STACK, params, on_event=seen.append)
+    updated = bootstrap.deploy_stack(cfg, aws.client("cloudformation"), STACK, params, stacks.Waiting(seen.append))
     assert updated.action == "updated" and updated.outputs == first.outputs
     assert seen[-1]["ResourceStatus"] == "UPDATE_COMPLETE"
     assert all(e["ResourceStatus"] != "CREATE_COMPLETE" for e in seen)  # only events of this update
@@ -152,7 +169,7 @@ def test_delete_refuses_while_the_bucket_holds_data_then_force_empties_it(aws):
     aws.s3.put_object(Bucket=bucket, Key="trainium-bert/a.txt", Body=b"1")                        # template's
     aws.s3.put_object(Bucket=bucket, Key="trainium-bert/a.txt", Body=b"2")
     aws.s3.delete_object(Bucket=bucket, Key="trainium-bert/a.txt")  # only a delete marker and versions remain
-    with pytest.raises(BootstrapError, match=r"holds 3 object version\(s\).*--force"):
+    with pytest.raises(StackError, match=r"holds 3 object version\(s\).*--force"):
         bootstrap.delete_stack(fresh_config(), cf, aws.s3, aws.sagemaker, STACK)
     assert cf.describe_stacks(StackName=STACK)["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
     done = bootstrap.delete_stack(fresh_config(), cf, aws.s3, aws.sagemaker, STACK, force=True)
@@ -195,7 +212,7 @@ def test_delete_refuses_while_the_group_holds_versions_or_endpoints_run_as_the_r
     sm.delete_model(ModelName="gone-model")
     sm.delete_endpoint_config(EndpointConfigName="gone-config-cfg")
 
-    with pytest.raises(BootstrapError) as refused:
+    with pytest.raises(StackError) as refused:
         bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK, force=True)
     assert str(refused.value) == (
         f"stack {STACK}: nothing was deleted: model package group {group} holds 1 version(s) (delete them: aws "
@@ -203,7 +220,7 @@ def test_delete_refuses_while_the_group_holds_versions_or_endpoints_run_as_the_r
         f"{role} (delete them first: aws sagemaker delete-endpoint --endpoint-name NAME)")
     assert cf.describe_stacks(StackName=STACK)["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
     sm.delete_endpoint(EndpointName="trainium-bert")
-    with pytest.raises(BootstrapError, match=r"nothing was deleted: model package group \S+ holds 1 version\(s\)"
+    with pytest.raises(StackError, match=r"nothing was deleted: model package group \S+ holds 1 version\(s\)"
                                              r" \(delete them: [^;]+\)$"):
         bootstrap.delete_stack(fresh_config(), cf, aws.s3, sm, STACK)
     from moto.core import DEFAULT_ACCOUNT_ID
@@ -242,8 +259,8 @@ def test_a_failed_create_names_the_resource_and_its_reason_in_one_line():
         stub.add_response("describe_stacks", stack("ROLLBACK_COMPLETE"), {"StackName": "s"})
         stub.add_response("describe_stack_events", {"StackEvents": stamped[::-1]}, {"StackName": "s"})
         seen: list[dict] = []
-        with pytest.raises(BootstrapError) as failure:
-            bootstrap.wait_stack(cf, "s", "CREATE", set(), seen.append, poll=0)
+        with pytest.raises(StackError) as failure:
+            stacks.wait_stack(cf, "s", "CREATE", set(), stacks.Waiting(seen.append, poll=0))
         stub.assert_no_pending_responses()
     message = str(failure.value)
     assert "\n" not in message
@@ -254,7 +271,7 @@ def test_a_failed_create_names_the_resource_and_its_reason_in_one_line():
 
 def test_names_that_iam_arns_cannot_hold_are_refused_before_any_call():
     cfg = load_config(ROOT / "pipeline.yaml", ["pipeline.model_package_group=Trainium-Bert"], environ={})
-    with pytest.raises(BootstrapError, match="pipeline.model_package_group='Trainium-Bert': expected lowercase"):
+    with pytest.raises(StackError, match="pipeline.model_package_group='Trainium-Bert': expected lowercase"):
         bootstrap.stack_parameters(cfg)
 
 
@@ -308,7 +325,7 @@ def end_to_end(aws: Aws) -> None:
     sets = [line.removeprefix("--set ") for line in config_file.set_lines(bootstrap.config_updates(result.outputs))]
     cfg = load_config(ROOT / "pipeline.yaml", sets, environ={})
     report = upsert(cfg, definition(cfg), aws)
-    assert report.action == "created" and report.deploy_function == "created"
+    assert report.action == "created" and report.deploy_function == "stack trainium-bert-pipeline created"
     function = aws.client("lambda").get_function(FunctionName=cfg.deploy.lambda_function_name)["Configuration"]
     assert function["Role"] == result.outputs["DeployLambdaRoleArn"]
     assert function["Environment"]["Variables"]["SAGEMAKER_ROLE_ARN"] == result.outputs["ExecutionRoleArn"]
@@ -316,16 +333,20 @@ def end_to_end(aws: Aws) -> None:
     assert described["RoleArn"] == result.outputs["ExecutionRoleArn"]
     assert aws.s3.list_objects_v2(Bucket=result.outputs["BucketName"], Prefix="trainium-bert/code/")["KeyCount"] > 0
     assert function["Environment"]["Variables"]["ALERTS_TOPIC_ARN"] == result.outputs["AlertsTopicArn"]
-    failures = aws.client("lambda").get_function_event_invoke_config(FunctionName=cfg.deploy.lambda_function_name)
-    assert failures["DestinationConfig"]["OnFailure"]["Destination"] == result.outputs["AlertsTopicArn"]
-    applied = {r["name"]: r["action"] for r in triggers.apply(cfg, aws)}
-    assert applied == {f"trainium-bert-{kind}": "created" for kind in
-                       ("deploy-on-approval", "rollback-on-reject", "endpoint-state", "execution-alerts")}
+    # moto's CloudFormation skips AWS::Lambda::EventInvokeConfig: its failures destination is read from the template
+    retries = json.loads(pipeline_stack.template(cfg))["Resources"]["DeployFunctionRetries"]["Properties"]
+    assert retries["DestinationConfig"]["OnFailure"]["Destination"] == result.outputs["AlertsTopicArn"]
+    assert pipeline_stack.deploy(cfg, aws, triggers=True).action == "updated"
+    events = aws.client("events")
+    assert sorted(r["Name"] for r in events.list_rules()["Rules"]) == [
+        f"trainium-bert-{kind}" for kind in ("deploy-on-approval", "endpoint-state", "execution-alerts",
+                                             "rollback-on-reject")]
     scheduled = load_config(ROOT / "pipeline.yaml", [*sets, "triggers.schedule=rate(7 days)"], environ={})
-    rows = {r["name"]: r for r in triggers.apply(scheduled, aws)}
-    (target,) = aws.client("events").list_targets_by_rule(Rule="trainium-bert-schedule")["Targets"]
-    assert rows["trainium-bert-schedule"]["action"] == "created"
+    assert pipeline_stack.deploy(scheduled, aws, triggers=True).action == "updated"
+    (target,) = events.list_targets_by_rule(Rule="trainium-bert-schedule")["Targets"]
     assert target["RoleArn"] == result.outputs["EventsRoleArn"] and target["Arn"] == described["PipelineArn"]
+    assert upsert(scheduled, definition(scheduled), aws).deploy_function == "stack trainium-bert-pipeline unchanged"
+    assert "trainium-bert-schedule" in {r["Name"] for r in events.list_rules()["Rules"]}  # upsert keeps the rules
 
 
 def test_upsert_and_triggers_with_only_the_stack_outputs(aws):

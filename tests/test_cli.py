@@ -265,14 +265,14 @@ def test_triggers_commands(aws, capsys):
     )
     code, out, err = cli(capsys, "triggers", "apply")
     assert code == 0, err
-    assert "trainium-bert-deploy-on-approval" in out
+    assert "stack trainium-bert-pipeline created" in out and "trainium-bert-deploy-on-approval" in out
     rules = boto3.client("events", region_name="us-east-1").list_rules()["Rules"]
     assert sorted(r["Name"] for r in rules) == ["trainium-bert-deploy-on-approval", "trainium-bert-endpoint-state",
                                                 "trainium-bert-rollback-on-reject"]
     code, out, err = cli(capsys, "triggers", "list")
     assert code == 0 and "Approved" in out
     code, out, err = cli(capsys, "triggers", "delete")
-    assert code == 0 and "trainium-bert-deploy-on-approval" in out
+    assert code == 0 and "stack trainium-bert-pipeline deleted" in out  # the user's own Lambda: nothing else in it
     assert boto3.client("events", region_name="us-east-1").list_rules()["Rules"] == []
 
 
@@ -301,7 +301,7 @@ def test_upsert_creates_then_updates_the_deploy_lambda(aws, capsys):
     sets = [*SETS, "--set", f"deploy.lambda_role_arn={role}"]
     code, out, err = cli(capsys, *sets, "upsert")
     assert code == 0, err
-    assert "deploy Lambda trainium-bert-deploy: created" in out
+    assert "deploy Lambda trainium-bert-deploy: stack trainium-bert-pipeline created" in out
     lambdas = boto3.client("lambda", region_name="us-east-1")
     function = lambdas.get_function(FunctionName="trainium-bert-deploy")["Configuration"]
     assert function["Handler"] == "steps.deploy.handler.lambda_handler" and function["Role"] == role
@@ -311,14 +311,12 @@ def test_upsert_creates_then_updates_the_deploy_lambda(aws, capsys):
     concurrency = lambdas.get_function_concurrency(FunctionName="trainium-bert-deploy")
     assert concurrency["ReservedConcurrentExecutions"] == 1  # events handled one at a time
     code, out, err = cli(capsys, *sets, "upsert")
-    assert code == 0 and "deploy Lambda trainium-bert-deploy: unchanged" in out
-    lambdas.delete_function_concurrency(FunctionName="trainium-bert-deploy")  # e.g. removed in the console
-    code, out, err = cli(capsys, *sets, "upsert")
-    assert code == 0 and "deploy Lambda trainium-bert-deploy: updated concurrency" in out
+    assert code == 0 and "deploy Lambda trainium-bert-deploy: stack trainium-bert-pipeline unchanged" in out
     code, out, err = cli(capsys, *sets, "--set", "deploy.endpoint_name=other", "upsert")
-    assert code == 0 and "deploy Lambda trainium-bert-deploy: updated configuration" in out
+    assert code == 0 and "deploy Lambda trainium-bert-deploy: stack trainium-bert-pipeline updated" in out
     function = lambdas.get_function(FunctionName="trainium-bert-deploy")["Configuration"]
     assert function["Environment"]["Variables"]["ENDPOINT_NAME"] == "other"
+    assert boto3.client("events", region_name="us-east-1").list_rules()["Rules"] == []  # rules: triggers apply's
 
 
 def test_bootstrap_writes_the_stack_outputs_into_the_config_then_changes_nothing(capsys, no_network, tmp_path):

@@ -17,7 +17,7 @@ from moto import mock_aws
 
 from pipeline.code import bundles
 from pipeline.config import load_config
-from pipeline.sagemaker.upsert import LAMBDA_HANDLER, deploy_lambda_zip, lambda_environment
+from pipeline.sagemaker.pipeline_stack import LAMBDA_HANDLER, deploy_lambda_zip, lambda_environment
 from steps.deploy import handler
 from steps.deploy import sagemaker_endpoints as deploy_step
 

@@ -199,14 +199,14 @@ def test_target_tracking_alarms_are_allowed_under_the_endpoint_name():
     """Application Auto Scaling names them TargetTracking-<ResourceId>-AlarmHigh-<uuid>, with the ResourceId as
     registered (endpoint/<EndpointName>/variant/AllTraffic), in the name's own case: bootstrap takes lowercase
     endpoint names only (IAM matches SageMaker's lowercased ARNs case-sensitively), so both spellings agree."""
-    from pipeline.sagemaker.bootstrap import BootstrapError
+    from pipeline.sagemaker.stacks import StackError
 
     printed = inline(rendered(), "DeployLambdaRole")
     alarm = (f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:TargetTracking-endpoint/trainium-bert/variant/AllTraffic-"
              "AlarmHigh-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
     assert _allowed(printed, "cloudwatch:PutMetricAlarm", alarm)
     assert not _allowed(printed, "cloudwatch:PutMetricAlarm", alarm.replace("trainium-bert", "someone-elses"))
-    with pytest.raises(BootstrapError, match="expected lowercase"):
+    with pytest.raises(StackError, match="expected lowercase"):
         rendered(config=cfg(**{"deploy.endpoint_name": "Trainium-Bert"}))
 
 

@@ -23,7 +23,7 @@ from fixtures_lifecycle import toy_version
 
 from pipeline.config import load_config
 from pipeline.local.endpoint import LocalEndpoint
-from pipeline.sagemaker.upsert import lambda_environment
+from pipeline.sagemaker.pipeline_stack import lambda_environment
 from steps.deploy import handler as deploy
 from steps.deploy import lifecycle
 from steps.deploy import sagemaker_account as account_module

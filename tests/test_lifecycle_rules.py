@@ -1,4 +1,4 @@
-"""The lifecycle's EventBridge rules (pipeline/sagemaker/lifecycle_rules.py, put by `triggers apply`) against moto:
+"""The lifecycle's EventBridge rules (pipeline/sagemaker/lifecycle_rules.py, in the pipeline stack) against moto:
 their patterns, routed to SQS (moto delivers to SQS only), with events in the shapes SageMaker sends (endpoint
 status in EventBridge's IN_SERVICE spelling), and the alerts rule's input transformer."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config
-from pipeline.sagemaker import triggers
+from pipeline.sagemaker import pipeline_stack, triggers
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION, ACCOUNT = "us-east-1", "123456789012"
@@ -33,8 +33,8 @@ def applied(moto_session):
     aws.client("lambda").create_function(FunctionName=cfg.deploy.lambda_function_name, Runtime="python3.12",
                                          Role=role, Handler="deploy.lambda_handler", Code={"ZipFile": code.getvalue()})
     aws.client("sns").create_topic(Name="trainium-bert-alerts")
-    report = triggers.apply(cfg, aws)
-    return cfg, aws, {row["name"]: row for row in report}
+    assert pipeline_stack.deploy(cfg, aws, triggers=True).action == "created"
+    return cfg, aws
 
 
 def route_to_queues(aws, names: dict[str, str]) -> dict[str, str]:
@@ -61,11 +61,12 @@ def event(detail_type: str, detail: dict) -> dict:
 
 
 def test_rules_targets_and_permissions(applied):
-    cfg, aws, report = applied
+    cfg, aws = applied
     names = triggers.rule_names(cfg)
-    assert {names[k] for k in ("rollback-on-reject", "endpoint-state", "execution-alerts",
-                               "execution-tracking")} <= set(report)
     events = aws.client("events")
+    made = {r["Name"] for r in events.list_rules()["Rules"]}
+    assert made == {names[k] for k in ("deploy-on-approval", "rollback-on-reject", "endpoint-state",
+                                       "execution-alerts", "execution-tracking")}
     for kind in ("rollback-on-reject", "endpoint-state", "execution-tracking"):
         (target,) = events.list_targets_by_rule(Rule=names[kind])["Targets"]
         assert target["Arn"] == cfg.deploy_lambda_arn
@@ -75,14 +76,15 @@ def test_rules_targets_and_permissions(applied):
     sources = {s["Condition"]["ArnLike"]["AWS:SourceArn"].rsplit("/", 1)[-1] for s in policy["Statement"]}
     assert sources == {names["deploy-on-approval"], names["rollback-on-reject"], names["endpoint-state"],
                        names["execution-tracking"]}
-    assert {row["action"] for row in triggers.apply(cfg, aws)} == {"unchanged"}  # idempotent
+    assert pipeline_stack.deploy(cfg, aws, triggers=True).action == "unchanged"  # idempotent
     without = load_config(ROOT / "pipeline.yaml", [], environ={})  # no alerts topic, no server: their rules go
-    gone = {r["name"]: r["action"] for r in triggers.apply(without, aws)}
-    assert gone[names["execution-alerts"]] == gone[names["execution-tracking"]] == "deleted"
+    assert pipeline_stack.deploy(without, aws, triggers=True).action == "updated"
+    assert {r["Name"] for r in events.list_rules()["Rules"]} == made - {names["execution-alerts"],
+                                                                       names["execution-tracking"]}
 
 
 def test_patterns_route_what_the_lifecycle_needs_and_nothing_else(applied):
-    cfg, aws, _ = applied
+    cfg, aws = applied
     names = {k: v for k, v in triggers.rule_names(cfg).items() if k not in ("schedule", "on-new-data")}
     queues = route_to_queues(aws, names)
     endpoint_event, package_event = "SageMaker Endpoint State Change", "SageMaker Model Package State Change"

@@ -1,4 +1,6 @@
-"""EventBridge triggers (pipeline/sagemaker/triggers.py) against moto, in-process.
+"""EventBridge triggers (pipeline/sagemaker/triggers.py), put by the pipeline stack (pipeline_stack.py), against
+moto's CloudFormation, in-process. The deploy Lambda here is the user's own (deploy.lambda_role_arn unset): the stack
+holds the rules and their permissions only.
 
 moto delivers put_events to SQS with real pattern matching, but raises for a Lambda or SageMaker pipeline
 target. So event routing is tested by an SQS queue added as an extra target of the approval rule, with
@@ -20,9 +22,9 @@ from botocore.exceptions import ClientError
 from pipeline.cli import main
 from pipeline.config import Triggers, load_config
 from pipeline.errors import ConfigError
-from pipeline.sagemaker import triggers
-from pipeline.sagemaker.aws import AwsError
-from pipeline.sagemaker.upsert import LAMBDA_HANDLER, deploy_lambda_zip, lambda_environment
+from pipeline.sagemaker import pipeline_stack, triggers
+from pipeline.sagemaker.pipeline_stack import LAMBDA_HANDLER, deploy_lambda_zip, lambda_environment
+from pipeline.sagemaker.stacks import StackError
 from steps.deploy import handler as deploy_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +32,17 @@ REGION = "us-east-1"
 BUCKET = "test-data-bucket"
 EVENTS_ROLE = "arn:aws:iam::123456789012:role/EventBridgeStartPipeline"
 EVENT = "SageMaker Model Package State Change"
+
+
+def apply(cfg, aws) -> str:
+    """`triggers apply`: the pipeline stack with its rules; what the stack did."""
+    return pipeline_stack.deploy(cfg, aws, triggers=True).action
+
+
+def stack_rules(cfg) -> dict[str, dict]:
+    """Rule name -> the properties of its AWS::Events::Rule in the stack's template."""
+    resources = json.loads(pipeline_stack.template(cfg))["Resources"]
+    return {r["Properties"]["Name"]: r["Properties"] for r in resources.values() if r["Type"] == "AWS::Events::Rule"}
 
 
 def with_triggers(cfg, **values):
@@ -145,10 +158,8 @@ def test_apply_twice_leaves_one_copy_of_each_rule_and_target(aws):
         on_new_data=True,
         events_role_arn=EVENTS_ROLE,
     )
-    first = triggers.apply(cfg, aws)
-    assert [r["action"] for r in first] == ["created"] * 5  # with the lifecycle's rejection and endpoint rules
-    second = triggers.apply(cfg, aws)
-    assert [r["action"] for r in second] == ["unchanged"] * 5
+    assert apply(cfg, aws) == "created"
+    assert apply(cfg, aws) == "unchanged"
     names = triggers.rule_names(cfg)
     assert rules(aws) == sorted(n for kind, n in names.items() if kind not in ("execution-alerts",
                                                                                 "execution-tracking"))
@@ -156,26 +167,19 @@ def test_apply_twice_leaves_one_copy_of_each_rule_and_target(aws):
     assert [t["Id"] for t in targets(aws, names["schedule"])] == ["start-pipeline"]
     assert [t["Id"] for t in targets(aws, names["on-new-data"])] == ["start-pipeline"]
     assert targets(aws, names["deploy-on-approval"])[0]["Arn"] == cfg.deploy_lambda_arn
-    policy = json.loads(aws.client("lambda").get_policy(FunctionName=cfg.deploy.lambda_function_name)["Policy"])
-    statement = {s["Sid"]: s for s in policy["Statement"]}[names["deploy-on-approval"]]
-    assert len(policy["Statement"]) == 3  # one per rule that invokes the deploy Lambda
-    assert statement["Principal"] == {"Service": "events.amazonaws.com"}
-    assert statement["Condition"]["ArnLike"]["AWS:SourceArn"].endswith(f"rule/{names['deploy-on-approval']}")
+    statements = lambda_policy(aws, cfg)
+    assert len(statements) == 3  # one per rule that invokes the deploy Lambda
+    sources = {s["Condition"]["ArnLike"]["AWS:SourceArn"].rsplit("/", 1)[-1] for s in statements}
+    assert sources == {names["deploy-on-approval"], names["rollback-on-reject"], names["endpoint-state"]}
+    assert {s["Principal"]["Service"] for s in statements} == {"events.amazonaws.com"}
     # An option turned off loses its rule on the next apply.
-    third = triggers.apply(with_triggers(cfg), aws)
-    assert {r["name"]: r["action"] for r in third} == {
-        names["deploy-on-approval"]: "unchanged",
-        names["schedule"]: "deleted",
-        names["on-new-data"]: "deleted",
-        names["rollback-on-reject"]: "unchanged",
-        names["endpoint-state"]: "unchanged",
-    }
+    assert apply(with_triggers(cfg), aws) == "updated"
     assert rules(aws) == sorted([names["deploy-on-approval"], names["rollback-on-reject"], names["endpoint-state"]])
 
 
 def test_approval_rule_matches_approved_versions_of_our_group_only(aws, lambda_deliveries, monkeypatch):
     cfg = config()
-    triggers.apply(cfg, aws)
+    apply(cfg, aws)
     queue = queue_on(aws, triggers.rule_names(cfg)["deploy-on-approval"])
 
     group = cfg.pipeline.model_package_group
@@ -231,7 +235,7 @@ def test_schedule_rule_starts_the_pipeline_with_parameters_and_role(aws):
         schedule_parameters={"Epochs": "1", "InputData": "s3://my-bucket/new/"},
         events_role_arn=EVENTS_ROLE,
     )
-    triggers.apply(cfg, aws)
+    apply(cfg, aws)
     name = triggers.rule_names(cfg)["schedule"]
     assert aws.client("events").describe_rule(Name=name)["ScheduleExpression"] == "rate(7 days)"
     (target,) = targets(aws, name)
@@ -246,19 +250,26 @@ def test_schedule_rule_starts_the_pipeline_with_parameters_and_role(aws):
     assert set(listed) == {"deploy-on-approval", "schedule", "rollback-on-reject", "endpoint-state"}
 
 
-def test_a_rule_description_keeps_to_put_rules_512_characters(aws):
+def test_the_rules_of_the_template_keep_to_put_rule_and_put_targets(aws):
     """The on-new-data rule's description names the data source, which may be long (256 characters, what the
-    registry's metadata takes): PutRule takes 512 at most."""
+    registry's metadata takes): PutRule takes 512 at most. Each rule and its targets, as the template states them,
+    checked against the input shapes of the calls CloudFormation makes."""
     from botocore.validate import ParamValidator
 
-    cfg = config(**{"data.source": f"s3://{BUCKET}/{'reviews/' * 28}"})
-    sent = []
-    aws.client("events").meta.events.register("provide-client-params.events.PutRule",
-                                              lambda params, **_: sent.append(dict(params)))
-    triggers.apply(with_triggers(cfg, on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
-    shape = aws.client("events").meta.service_model.operation_model("PutRule").input_shape
-    assert sent and all(len(p["Description"]) <= shape.members["Description"].metadata["max"] for p in sent)
-    assert all(not ParamValidator().validate(p, shape).has_errors() for p in sent)
+    cfg = config(**{"data.source": f"s3://{BUCKET}/{'reviews/' * 28}",
+                    "alerts.topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts",
+                    "tracking.server_arn": "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/t"})
+    model = aws.client("events").meta.service_model
+    put_rule, put_targets = (model.operation_model(name).input_shape for name in ("PutRule", "PutTargets"))
+    rules_ = stack_rules(with_triggers(cfg, on_new_data=True, schedule="rate(1 day)", events_role_arn=EVENTS_ROLE))
+    assert len(rules_) == 7
+    for properties in rules_.values():
+        rule = {k: v for k, v in properties.items() if k != "Targets"}
+        rule |= {"EventPattern": json.dumps(rule["EventPattern"])} if "EventPattern" in rule else {}
+        assert len(rule["Description"]) <= put_rule.members["Description"].metadata["max"]
+        assert not ParamValidator().validate(rule, put_rule).has_errors(), rule
+        request = {"Rule": rule["Name"], "Targets": properties["Targets"]}
+        assert not ParamValidator().validate(request, put_targets).has_errors(), request
 
 
 def test_new_data_rule_watches_the_input_prefix(aws):
@@ -267,7 +278,7 @@ def test_new_data_rule_watches_the_input_prefix(aws):
         Bucket=BUCKET,
         NotificationConfiguration={"QueueConfigurations": []},
     )
-    triggers.apply(with_triggers(cfg, on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
+    apply(with_triggers(cfg, on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
     name = triggers.rule_names(cfg)["on-new-data"]
     pattern = json.loads(aws.client("events").describe_rule(Name=name)["EventPattern"])
     assert pattern == {
@@ -320,7 +331,7 @@ def reviews_csv(rows: int, start: int = 0) -> bytes:
 def test_a_data_drop_starts_one_execution_and_tokenize_reads_its_shards_only(aws, pipeline_starts, tmp_path):
     """S3 (moto) emits one "Object Created" per object to EventBridge; the rule passes only the drop's marker."""
     cfg = with_triggers(config(), on_new_data=True, events_role_arn=EVENTS_ROLE)
-    triggers.apply(cfg, aws)
+    apply(cfg, aws)
     queue = queue_on(aws, triggers.rule_names(cfg)["on-new-data"])
     s3 = aws.s3
 
@@ -380,7 +391,7 @@ def test_new_data_pattern_matches_the_marker_under_the_prefix_only(source, match
 
 def test_the_marker_is_configurable_and_never_a_data_file(aws, pipeline_starts):
     cfg = with_triggers(config(), on_new_data=True, new_data_marker=".ready", events_role_arn=EVENTS_ROLE)
-    triggers.apply(cfg, aws)
+    apply(cfg, aws)
     queue = queue_on(aws, triggers.rule_names(cfg)["on-new-data"])
     entries = [s3_object_created(k) for k in ("reviews/_SUCCESS", "reviews/a.csv", "reviews/.ready")]
     events = [{"Source": e["source"], "DetailType": e["detail-type"], "Detail": json.dumps(e["detail"]),
@@ -426,7 +437,7 @@ def test_apply_refuses_bad_schedule_parameters_before_creating_anything(aws, cap
 def test_apply_passes_checked_schedule_parameters(aws, capsys):
     code, out, err = apply_command(capsys, "{Epochs: 3, LearningRate: 2.0e-05, InputData: 's3://my-bucket/2026/'}")
     assert code == 0, err
-    assert "created  trainium-bert-schedule" in out
+    assert "stack trainium-bert-pipeline created" in out and "trainium-bert-schedule" in out
     (target,) = targets(aws, "trainium-bert-schedule")
     assert target["SageMakerPipelineParameters"]["PipelineParameterList"] == [
         {"Name": "Epochs", "Value": "3"},
@@ -435,56 +446,81 @@ def test_apply_passes_checked_schedule_parameters(aws, capsys):
     ]
 
 
-def test_delete_removes_exactly_what_apply_made(aws):
+def test_delete_removes_exactly_what_apply_made(aws, capsys):
+    """With the user's own Lambda the stack holds the rules only: `triggers delete` deletes it. (moto's CloudFormation
+    leaves the Lambda permissions of deleted rules behind, so those are read from the template.)"""
     cfg = config(**{"tracking.server_arn": "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/t"})
     aws.client("events").put_rule(Name="someone-elses-rule", ScheduleExpression="rate(1 day)")
-    triggers.apply(with_triggers(cfg, schedule="rate(1 day)", on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
-    assert len(lambda_statements(aws, cfg)) == 4  # approval, rejection, endpoint state, execution tracking
+    apply(with_triggers(cfg, schedule="rate(1 day)", on_new_data=True, events_role_arn=EVENTS_ROLE), aws)
+    assert len(lambda_policy(aws, cfg)) == 4  # approval, rejection, endpoint state, execution tracking
     made = [n for kind, n in triggers.rule_names(cfg).items() if kind != "execution-alerts"]
-    assert sorted(triggers.delete(cfg, aws)) == sorted(made)
-    assert rules(aws) == ["someone-elses-rule"] and lambda_statements(aws, cfg) == []
-    assert triggers.list_(cfg, aws) == []
-    assert triggers.delete(cfg, aws) == []
+    assert rules(aws) == sorted([*made, "someone-elses-rule"])
+    assert pipeline_stack.deploy(cfg, aws, triggers=False).action == "deleted"
+    assert rules(aws) == ["someone-elses-rule"] and triggers.list_(cfg, aws) == []
+    assert pipeline_stack.deploy(cfg, aws, triggers=False).action == "absent"
+    code, out, err = cli_command(capsys, "triggers", "delete")
+    assert code == 0 and "stack trainium-bert-pipeline absent" in out, err
 
 
-def test_a_rule_turned_off_takes_its_lambda_permission_with_it(aws):
+def test_a_rule_turned_off_takes_its_lambda_permission_with_it():
     tracked = config(**{"tracking.server_arn": "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/t"})
-    triggers.apply(tracked, aws)
-    untracked = config()
-    report = triggers.apply(untracked, aws)
-    assert {"name": "trainium-bert-execution-tracking", "action": "deleted", "rule": None} in report
-    assert len(lambda_statements(aws, untracked)) == 3
+    resources = json.loads(pipeline_stack.template(tracked))["Resources"]
+    assert resources["ExecutionTrackingRulePermission"]["Properties"]["SourceArn"] == {
+        "Fn::GetAtt": ["ExecutionTrackingRule", "Arn"]}
+    untracked = json.loads(pipeline_stack.template(config()))["Resources"]
+    permissions = sorted(k for k, r in untracked.items() if r["Type"] == "AWS::Lambda::Permission")
+    assert permissions == ["DeployOnApprovalRulePermission", "EndpointStateRulePermission",
+                           "RollbackOnRejectRulePermission"]
+    assert json.loads(pipeline_stack.template(tracked, rules=False))["Resources"] == {}  # the user's own Lambda
 
 
-def lambda_statements(aws, cfg) -> list[str]:
+def lambda_policy(aws, cfg) -> list[dict]:
     try:
         policy = aws.client("lambda").get_policy(FunctionName=cfg.deploy.lambda_function_name)["Policy"]
     except ClientError:  # no policy left
         return []
-    return [statement["Sid"] for statement in json.loads(policy)["Statement"]]
+    return json.loads(policy)["Statement"]
 
 
-def test_print_only_makes_no_calls_and_options_need_a_role(aws):
-    cfg = config()
-    planned = triggers.apply(
-        with_triggers(cfg, schedule="rate(1 day)", events_role_arn=EVENTS_ROLE), None, print_only=True
-    )
-    assert [p["action"] for p in planned] == ["planned"] * 4
-    assert planned[0]["rule"]["EventPattern"]["detail"]["ModelApprovalStatus"] == ["Approved"]
-    assert rules(aws) == []
+def cli_command(capsys, *args: str) -> tuple[int, str, str]:
+    argv = ["trainium-pipeline", "--config", str(ROOT / "pipeline.yaml"), "--set", f"data.source=s3://{BUCKET}/r/",
+            *args]
+    with mock.patch.object(sys, "argv", argv), pytest.raises(SystemExit) as exit_:
+        main()
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+def test_print_only_makes_no_calls_and_options_need_a_role(aws, capsys):
+    code, out, err = cli_command(capsys, "--set", "triggers.schedule=rate(1 day)", "--set",
+                                 f"triggers.events_role_arn={EVENTS_ROLE}", "triggers", "apply", "--print-only")
+    assert code == 0, err
+    planned = json.loads(out)["Resources"]
+    assert planned["DeployOnApprovalRule"]["Properties"]["EventPattern"]["detail"]["ModelApprovalStatus"] == [
+        "Approved"]
+    assert planned["ScheduleRule"]["Properties"]["Targets"][0]["RoleArn"] == EVENTS_ROLE
+    assert rules(aws) == [] and aws.client("cloudformation").describe_stacks()["Stacks"] == []
     with pytest.raises(ValueError, match="events_role_arn"):
-        triggers.apply(with_triggers(cfg, schedule="rate(1 day)"), aws)
+        apply(with_triggers(config(), schedule="rate(1 day)"), aws)
     with pytest.raises(ValueError, match="s3:// data source"):
-        triggers.apply(
-            with_triggers(config(**{"data.source": "amazon_polarity"}), on_new_data=True, events_role_arn=EVENTS_ROLE),
-            aws,
-        )
+        apply(with_triggers(config(**{"data.source": "amazon_polarity"}), on_new_data=True,
+                            events_role_arn=EVENTS_ROLE), aws)
 
 
 def test_missing_lambda_is_a_one_line_error(aws):
     cfg = config(**{"deploy.lambda_function_name": "no-such-function"})
-    with pytest.raises(AwsError, match="the deploy Lambda does not exist"):
-        triggers.apply(cfg, aws)
+    with pytest.raises(StackError, match="the deploy Lambda no-such-function does not exist"):
+        apply(cfg, aws)
+    assert aws.client("cloudformation").describe_stacks()["Stacks"] == []
+
+
+def test_rules_made_outside_the_stack_are_named_before_anything_is_created(aws):
+    """What an earlier version of `triggers apply` made with boto3: CloudFormation would fail on the names."""
+    cfg = config()
+    aws.client("events").put_rule(Name=triggers.rule_names(cfg)["endpoint-state"], ScheduleExpression="rate(1 day)")
+    with pytest.raises(StackError, match="rule trainium-bert-endpoint-state exist.* outside the stack"):
+        apply(cfg, aws)
+    assert aws.client("cloudformation").describe_stacks()["Stacks"] == []
 
 
 def test_rule_names_fit_eventbridge():

@@ -38,21 +38,21 @@ def bootstrap(
     then write their names into the config (or print them as --set options). A second run changes nothing."""
     from pipeline.config import file as config_file
     from pipeline.sagemaker import bootstrap as infra
+    from pipeline.sagemaker.stacks import Waiting
 
     cfg = ctx.obj.load()
     aws = Aws(cfg.aws.region)
     cf = aws.client("cloudformation")
 
-    def progress(event: dict) -> None:
-        errors.print(views.stack_event(event), markup=False, highlight=False)
+    waiting = Waiting(on_event=lambda event: errors.print(views.stack_event(event), markup=False, highlight=False))
 
     if delete:
-        done = infra.delete_stack(cfg, cf, aws.s3, aws.sagemaker, stack_name, force=force, on_event=progress)
+        done = infra.delete_stack(cfg, cf, aws.s3, aws.sagemaker, stack_name, force=force, waiting=waiting)
         emptied = f" ({done.emptied} object version(s) deleted)" if done.emptied else ""
         console.print(f"stack {done.stack_name} {done.action}{emptied}")
         return
     parameters = infra.stack_parameters(cfg, bucket=bucket, kms=kms_key)
-    result = infra.deploy_stack(cfg, cf, stack_name, parameters, on_event=progress)
+    result = infra.deploy_stack(cfg, cf, stack_name, parameters, waiting)
     console.print(f"stack {result.stack_name} {result.action}")
     updates = infra.config_updates(result.outputs)
     if print_:

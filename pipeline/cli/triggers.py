@@ -1,34 +1,54 @@
-"""The Triggers panel: `triggers apply | list | delete` (the EventBridge rules of the `triggers` section)."""
+"""The Triggers panel: `triggers apply | list | delete` (the EventBridge rules of the pipeline stack)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated
 
 import typer
 
-from pipeline.cli.shared import console
+from pipeline import views
+from pipeline.cli.shared import console, errors
 from pipeline.sagemaker.aws import Aws
 
 PANEL = "Triggers"
 triggers_app = typer.Typer(help="EventBridge rules: deploy on approval, schedule, new data.", no_args_is_help=True)
 
 
+def _deploy(ctx: typer.Context, on: bool) -> None:
+    from pipeline.sagemaker import pipeline_stack
+    from pipeline.sagemaker.stacks import Waiting
+    from pipeline.sagemaker.triggers import plan
+
+    cfg = ctx.obj.load()
+    waiting = Waiting(on_event=lambda event: errors.print(views.stack_event(event), markup=False, highlight=False))
+    result = pipeline_stack.deploy(cfg, Aws(cfg.aws.region), triggers=on, waiting=waiting)
+    console.print(f"stack {result.stack_name} {result.action}")
+    console.print(f"rules {'on' if on else 'off'}: {', '.join(rule['Name'] for rule in plan(cfg))}")
+
+
 @triggers_app.command("apply")
 def triggers_apply(
     ctx: typer.Context,
-    print_only: Annotated[bool, typer.Option("--print-only", help="Show the rules without creating them.")] = False,
+    print_only: Annotated[bool, typer.Option("--print-only", help="Print the stack's template; deploy nothing.")]
+    = False,
 ) -> None:
-    """Create or update the rules of the `triggers` section (idempotent); a rule turned off is deleted."""
-    from pipeline.sagemaker import triggers
-    cfg = ctx.obj.load()
-    for row in triggers.apply(cfg, None if print_only else Aws(cfg.aws.region), print_only):
-        console.print(f"{row['action']:>9}  {row['name']}")
+    """Deploy the pipeline stack with the rules of the `triggers` section and the lifecycle on (idempotent); a rule
+    turned off in the config is deleted."""
+    if print_only:
+        from pipeline.sagemaker import pipeline_stack, triggers
+
+        cfg = ctx.obj.load()
+        triggers.check_parameters(cfg)
+        sys.stdout.write(pipeline_stack.template(cfg) + "\n")
+        return
+    _deploy(ctx, on=True)
 
 
 @triggers_app.command("list")
 def triggers_list(ctx: typer.Context) -> None:
-    """The rules that apply made, with their targets."""
+    """The rules that exist now, with their targets."""
     from pipeline.sagemaker import triggers
 
     cfg = ctx.obj.load()
@@ -37,11 +57,8 @@ def triggers_list(ctx: typer.Context) -> None:
 
 @triggers_app.command("delete")
 def triggers_delete(ctx: typer.Context) -> None:
-    """Remove exactly the rules, targets and permission that apply made."""
-    from pipeline.sagemaker import triggers
-
-    cfg = ctx.obj.load()
-    console.print(f"deleted: {', '.join(triggers.delete(cfg, Aws(cfg.aws.region))) or 'nothing'}")
+    """Turn the rules off: the pipeline stack keeps the deploy Lambda (a stack with nothing left is deleted)."""
+    _deploy(ctx, on=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -3,18 +3,16 @@ roles, model package group, alerts topic), and its outputs into pipeline.yaml. L
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError, WaiterError
+from botocore.exceptions import ClientError
 
 from pipeline.code import PROJECT_ROOT
 from pipeline.config import Config
-from pipeline.errors import UserError
+from pipeline.sagemaker import stacks
 from pipeline.sagemaker.aws import explain
+from pipeline.sagemaker.stacks import StackError, StackResult, call, outputs
 from pipeline.sagemaker.triggers import rule_name
 from steps.deploy.sagemaker_endpoints import missing
 
@@ -40,21 +38,6 @@ IMAGE_PARAMETERS = {
     "training_cuda": "CudaTrainingImageRepository",
 }
 IMAGE_URI = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/([^:@]+)[:@].+$")
-EventCallback = Callable[[dict], None]
-
-
-class BootstrapError(UserError, RuntimeError):
-    """The stack could not be deployed or deleted, or pipeline.yaml not updated: said in one line."""
-
-
-@dataclass
-class StackResult:
-    """What deploy_stack / delete_stack did: action is created, updated, unchanged, deleted or absent."""
-
-    action: str
-    stack_name: str
-    outputs: dict[str, str] = field(default_factory=dict)
-    emptied: int = 0  # object versions deleted from the bucket (delete with force)
 
 
 def default_stack_name(cfg: Config) -> str:
@@ -65,19 +48,12 @@ def template_body() -> str:
     return TEMPLATE.read_text()
 
 
-def _call(action: str, call: Callable[..., Any], **kwargs: Any) -> Any:
-    try:
-        return call(**kwargs)
-    except (BotoCoreError, ClientError) as e:
-        raise BootstrapError(explain(e, action)) from None
-
-
 def tracking_parameters(cfg: Config) -> dict[str, str]:
     """tracking.create_server: the stack makes (and owns) the tracking server; else the configured one, if any, which
     must be of this account and region (the execution role is granted it by the resource part of its ARN)."""
     arn = "" if cfg.tracking.create_server else cfg.tracking.server_arn or ""
     if arn and arn.split(":")[3:5] != [cfg.aws.region, cfg.aws.account]:
-        raise BootstrapError(f"tracking.server_arn={arn!r}: expected a server of region {cfg.aws.region} and account "
+        raise StackError(f"tracking.server_arn={arn!r}: expected a server of region {cfg.aws.region} and account "
                              f"{cfg.aws.account}, those of the execution role")
     return {"CreateTrackingServer": str(cfg.tracking.create_server).lower(),
             "TrackingServerResource": arn.split(":", 5)[5].removeprefix("mlflow-") if arn else ""}
@@ -94,12 +70,12 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
     ]
     for key, value, most in checks:
         if value != value.lower() or len(value) > most:
-            raise BootstrapError(
+            raise StackError(
                 f"{key}={value!r}: expected lowercase and at most {most} characters (IAM matches the ARNs that "
                 f"SageMaker spells in lowercase case-sensitively, and steps/deploy/handler.py trims names to 63)"
             )
     if not bucket and len(f"{cfg.pipeline.name}-123456789012-{cfg.aws.region}") > 63:
-        raise BootstrapError(
+        raise StackError(
             f"pipeline.name={cfg.pipeline.name!r}: too long for the default bucket name "
             f"<pipeline>-<account>-<region> (63 characters); pass a bucket name"
         )
@@ -122,7 +98,7 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
         uri = cfg.image(key)  # type: ignore[arg-type]
         match = IMAGE_URI.match(uri)
         if not match or match.group(2) != cfg.aws.region:
-            raise BootstrapError(
+            raise StackError(
                 f"images.{key}={uri!r}: expected an ECR image URI <account>.dkr.ecr.{cfg.aws.region}.amazonaws.com/"
                 f"<repository>:<tag> (the execution role may pull from the registry of aws.region only)"
             )
@@ -131,143 +107,11 @@ def stack_parameters(cfg: Config, bucket: str | None = None, kms: bool | None = 
     return params
 
 
-def _tags(cfg: Config) -> list[dict[str, str]]:
-    return [{"Key": k, "Value": v} for k, v in sorted(cfg.aws.tags.items())]
-
-
-def _describe(cf: Any, stack: str, deleted: bool = False) -> dict | None:
-    """The stack's description, or None if it does not exist (or was deleted, unless `deleted`)."""
-    try:
-        found = cf.describe_stacks(StackName=stack)["Stacks"]
-    except (BotoCoreError, ClientError) as e:
-        if isinstance(e, ClientError) and "does not exist" in e.response.get("Error", {}).get("Message", ""):
-            return None
-        raise BootstrapError(explain(e, f"describe stack {stack}")) from None
-    if not found or (found[0]["StackStatus"] == "DELETE_COMPLETE" and not deleted):
-        return None
-    return found[0]
-
-
-def _outputs(stack: dict) -> dict[str, str]:
-    return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-
-
-def _new_events(cf: Any, stack: str, seen: set[str]) -> list[dict]:
-    """Events not seen yet, oldest first (the API lists newest first, paginated)."""
-    fresh: list[dict] = []
-    token: str | None = None
-    while True:
-        request = {"StackName": stack, **({"NextToken": token} if token else {})}
-        page = _call(f"read events of stack {stack}", cf.describe_stack_events, **request)
-        for event in page.get("StackEvents", []):
-            if event["EventId"] in seen:
-                token = None
-                break
-            fresh.append(event)
-        else:
-            token = page.get("NextToken")
-        if not token:
-            break
-    seen.update(e["EventId"] for e in fresh)
-    return fresh[::-1]
-
-
-def failure_reason(events: list[dict]) -> str:
-    """The first resource that failed and why, as `Logical (Type) STATUS: reason`."""
-    failed = [e for e in events if e.get("ResourceStatus", "").endswith("_FAILED")]
-    causes = [e for e in failed if "cancelled" not in (e.get("ResourceStatusReason") or "").lower()] or failed
-    if not causes:
-        return "no failed resource reported"
-    e = causes[0]
-    reason = " ".join((e.get("ResourceStatusReason") or "no reason given").split())
-    return f"{e['LogicalResourceId']} ({e.get('ResourceType', '')}) {e['ResourceStatus']}: {reason}"
-
-
-def wait_stack(
-    cf: Any,
-    stack: str,
-    operation: str,
-    seen: set[str],
-    on_event: EventCallback | None = None,
-    poll: float = 5.0,
-    timeout: float = 3600.0,
-) -> dict | None:
-    """Wait for `operation` (CREATE, UPDATE or DELETE) with botocore's waiter, then pass the stack's new events to
-    on_event; the final description. Unless the operation completed, raise BootstrapError naming the failed
-    resource and its reason."""
-    config = {"Delay": max(0, round(poll)), "MaxAttempts": max(1, round(timeout / max(poll, 1.0)))}
-    try:
-        cf.get_waiter(f"stack_{operation.lower()}_complete").wait(StackName=stack, WaiterConfig=config)
-    except WaiterError:
-        pass  # said below, from the stack's status and events
-    described = _describe(cf, stack, deleted=True)
-    status = described["StackStatus"] if described else "DELETE_COMPLETE"
-    events = _new_events(cf, stack, seen) if described else []
-    for event in events:
-        if on_event:
-            on_event(event)
-    if status.endswith("_IN_PROGRESS"):
-        raise BootstrapError(f"stack {stack}: still {status} after {timeout:.0f} s; see the CloudFormation console")
-    if status != f"{operation}_COMPLETE":
-        raise BootstrapError(f"stack {stack}: {operation.lower()} failed ({status}): {failure_reason(events)}")
-    return None if status == "DELETE_COMPLETE" else described
-
-
-def _unchanged(cf: Any, stack: dict, body: str, params: dict[str, str], tags: list[dict]) -> bool:
-    """True when the deployed template, parameters and tags are those we would send."""
-    name = stack["StackName"]
-    current = _call(f"read template of stack {name}", cf.get_template, StackName=name)["TemplateBody"]
-    if not isinstance(current, str):
-        current = json.dumps(current)
-    deployed = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
-    same_tags = sorted((t["Key"], t["Value"]) for t in stack.get("Tags", [])) == [(t["Key"], t["Value"]) for t in tags]
-    return current == body and all(deployed.get(k) == v for k, v in params.items()) and same_tags
-
-
-def deploy_stack(
-    cfg: Config,
-    cf: Any,
-    stack_name: str | None = None,
-    parameters: dict[str, str] | None = None,
-    on_event: EventCallback | None = None,
-    poll: float = 5.0,
-    timeout: float = 3600.0,
-) -> StackResult:
-    """Create the stack, or update it where template, parameters or tags differ; wait; return its outputs. A stack
-    left ROLLBACK_COMPLETE by a failed first create (it holds nothing) is deleted and created again."""
-    name = stack_name or default_stack_name(cfg)
-    body, params, tags = template_body(), parameters or stack_parameters(cfg), _tags(cfg)
-    request = {"StackName": name, "TemplateBody": body, "Capabilities": CAPABILITIES, "Tags": tags,
-               "Parameters": [{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()]}
-    wait = {"on_event": on_event, "poll": poll, "timeout": timeout}
-    stack = _describe(cf, name)
-    if stack is not None and stack["StackStatus"].endswith("_IN_PROGRESS"):
-        raise BootstrapError(f"stack {name} is {stack['StackStatus']}: retry when it has finished")
-    if stack is not None and stack["StackStatus"] == "ROLLBACK_COMPLETE":
-        seen = {e["EventId"] for e in _new_events(cf, name, set())}
-        _call(f"delete stack {name} (ROLLBACK_COMPLETE)", cf.delete_stack, StackName=stack["StackId"])
-        wait_stack(cf, stack["StackId"], "DELETE", seen, **wait)
-        stack = None
-    if stack is None:
-        _call(f"validate template {TEMPLATE.name}", cf.validate_template, TemplateBody=body)
-        stack_id = _call(f"create stack {name}", cf.create_stack, **request)["StackId"]
-        final = wait_stack(cf, stack_id, "CREATE", set(), **wait)
-        return StackResult("created", name, _outputs(final or {}))
-    if _unchanged(cf, stack, body, params, tags):
-        return StackResult("unchanged", name, _outputs(stack))
-    seen = {e["EventId"] for e in _new_events(cf, name, set())}
-    kept = [{"ParameterKey": p["ParameterKey"], "ParameterValue": p.get("ParameterValue", "")}  # deployed values
-            for p in stack.get("Parameters", []) if p["ParameterKey"] not in params]
-    try:
-        cf.update_stack(**{**request, "Parameters": request["Parameters"] + kept})
-    except ClientError as e:
-        if isinstance(e, ClientError) and "No updates are to" in e.response.get("Error", {}).get("Message", ""):
-            return StackResult("unchanged", name, _outputs(stack))
-        raise BootstrapError(explain(e, f"update stack {name}")) from None
-    except BotoCoreError as e:
-        raise BootstrapError(explain(e, f"update stack {name}")) from None
-    final = wait_stack(cf, stack["StackId"], "UPDATE", seen, **wait)
-    return StackResult("updated", name, _outputs(final or {}))
+def deploy_stack(cfg: Config, cf: Any, stack_name: str | None = None, parameters: dict[str, str] | None = None,
+                 waiting: stacks.Waiting = stacks.WAIT) -> StackResult:
+    """Create the account stack, or update it where template, parameters or tags differ (stacks.deploy)."""
+    return stacks.deploy(cf, stack_name or default_stack_name(cfg), template_body(),
+                         parameters or stack_parameters(cfg), dict(cfg.aws.tags), CAPABILITIES, waiting)
 
 
 def config_updates(outputs: dict[str, str]) -> dict[str, str]:
@@ -285,7 +129,7 @@ def _versions(s3: Any, bucket: str) -> list[dict[str, str]]:
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") == "NoSuchBucket":
             return []
-        raise BootstrapError(explain(e, f"list objects of bucket {bucket}")) from None
+        raise StackError(explain(e, f"list objects of bucket {bucket}")) from None
     return found
 
 
@@ -297,7 +141,7 @@ def _group_versions(sm: Any, group: str) -> int:
     except ClientError as e:
         if "does not exist" in e.response.get("Error", {}).get("Message", ""):
             return 0
-        raise BootstrapError(explain(e, f"list the versions of model package group {group}")) from None
+        raise StackError(explain(e, f"list the versions of model package group {group}")) from None
 
 
 def _endpoints_using(sm: Any, role: str) -> list[str]:
@@ -330,7 +174,7 @@ def _endpoints_using(sm: Any, role: str) -> list[str]:
                 if any(runs_as_role(v["ModelName"]) for v in variants if v.get("ModelName")):
                     found.append(name)
     except ClientError as e:
-        raise BootstrapError(explain(e, f"list the endpoints that use role {role}")) from None
+        raise StackError(explain(e, f"list the endpoints that use role {role}")) from None
     return found
 
 
@@ -338,8 +182,8 @@ def check_nothing_depends(stack: dict, sm: Any) -> None:
     """Refuse (one line, nothing deleted) while the stack's model package group holds versions (CloudFormation
     cannot delete the group: DELETE_FAILED) or endpoints run models as its execution role (DeleteEndpoint needs the
     role to release the endpoint's resources): both are the user's to delete, in that order, never this command's."""
-    outputs, left = _outputs(stack), []
-    group, role = outputs.get("ModelPackageGroupName"), outputs.get("ExecutionRoleArn")
+    found, left = outputs(stack), []
+    group, role = found.get("ModelPackageGroupName"), found.get("ExecutionRoleArn")
     versions = _group_versions(sm, group) if group else 0
     if versions:
         left.append(f"model package group {group} holds {versions} version(s) (delete them: aws sagemaker "
@@ -349,7 +193,7 @@ def check_nothing_depends(stack: dict, sm: Any) -> None:
         left.append(f"endpoint(s) {', '.join(endpoints)} run models as role {role} (delete them first: aws "
                     f"sagemaker delete-endpoint --endpoint-name NAME)")
     if left:
-        raise BootstrapError(f"stack {stack['StackName']}: nothing was deleted: {'; '.join(left)}")
+        raise StackError(f"stack {stack['StackName']}: nothing was deleted: {'; '.join(left)}")
 
 
 def delete_stack(
@@ -359,33 +203,29 @@ def delete_stack(
     sagemaker: Any,
     stack_name: str | None = None,
     force: bool = False,
-    on_event: EventCallback | None = None,
-    poll: float = 5.0,
-    timeout: float = 3600.0,
+    waiting: stacks.Waiting = stacks.WAIT,
 ) -> StackResult:
     """Delete the stack; refuse while anything depends on it (check_nothing_depends), and while its bucket holds
     any object version, unless `force` (then empty it first)."""
     name = stack_name or default_stack_name(cfg)
-    stack = _describe(cf, name)
+    stack = stacks.describe(cf, name)
     if stack is None:
         return StackResult("absent", name)
     if stack["StackStatus"].endswith("_IN_PROGRESS"):
-        raise BootstrapError(f"stack {name} is {stack['StackStatus']}: retry when it has finished")
+        raise StackError(f"stack {name} is {stack['StackStatus']}: retry when it has finished")
     check_nothing_depends(stack, sagemaker)
-    bucket = _outputs(stack).get("BucketName")
+    bucket = outputs(stack).get("BucketName")
     versions = _versions(s3, bucket) if bucket else []
     if versions and not force:
-        raise BootstrapError(
+        raise StackError(
             f"bucket {bucket} holds {len(versions)} object version(s) (e.g. {versions[0]['Key']}): nothing was "
             f"deleted; empty it, or pass --force to delete them with the stack"
         )
     for start in range(0, len(versions), 1000):
         batch = versions[start : start + 1000]
-        done = _call(f"empty bucket {bucket}", s3.delete_objects, Bucket=bucket, Delete={"Objects": batch})
+        done = call(f"empty bucket {bucket}", s3.delete_objects, Bucket=bucket, Delete={"Objects": batch})
         if done.get("Errors"):
             e = done["Errors"][0]
-            raise BootstrapError(f"empty bucket {bucket}: {e.get('Key')}: {e.get('Code')}: {e.get('Message')}")
-    seen = {e["EventId"] for e in _new_events(cf, name, set())}
-    _call(f"delete stack {name}", cf.delete_stack, StackName=stack["StackId"])
-    wait_stack(cf, stack["StackId"], "DELETE", seen, on_event, poll, timeout)
+            raise StackError(f"empty bucket {bucket}: {e.get('Key')}: {e.get('Code')}: {e.get('Message')}")
+    stacks.delete(cf, stack, waiting)
     return StackResult("deleted", name, emptied=len(versions))

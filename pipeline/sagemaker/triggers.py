@@ -1,9 +1,7 @@
 """EventBridge triggers: deploy on approval, run on a schedule, run on new data, and the model lifecycle's rules
-(rollback on reject, endpoint state changes to the deploy Lambda, execution alerts to the alerts topic).
-
-Each rule has a deterministic name derived from the pipeline name, so `apply` is idempotent (put_rule
-and put_targets overwrite), and `delete` removes exactly what `apply` made. An option that is turned
-off has its rule removed by the next `apply`: the settings are the truth.
+(rollback on reject, endpoint state changes to the deploy Lambda, execution alerts to the alerts topic), planned
+from the config; the pipeline stack (pipeline_stack.py) holds them. Each rule has a deterministic name derived from
+the pipeline name (the alerts topic's policy names one); an option turned off has no rule.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from botocore.exceptions import ClientError
 from pipeline.config import Config, check_parameter_values
 from pipeline.dag.parameters import ParameterError, resolve
 from pipeline.errors import ConfigError
-from pipeline.sagemaker.aws import Aws, AwsError, explained, split_s3_uri
+from pipeline.sagemaker.aws import Aws, explained, split_s3_uri
 from pipeline.sagemaker.lifecycle_rules import DEPLOY_TARGET_ID, LIFECYCLE_KINDS, lifecycle_rules
 from steps.contract import APPROVED, MODEL_PACKAGE_EVENT
 
@@ -106,11 +104,12 @@ def check_parameters(cfg: Config) -> None:
         raise ConfigError(str(e)) from None
 
 
-def plan(cfg: Config, pipeline: str | None = None) -> list[dict]:
-    """The rules apply puts for cfg.triggers: [{"Name", "EventPattern"|"ScheduleExpression", "Targets"}] (no calls)."""
+def plan(cfg: Config) -> list[dict]:
+    """The rules of cfg.triggers and the lifecycle: [{"Name", "Description", "EventPattern"|"ScheduleExpression",
+    "Targets"}] (no calls)."""
     settings = cfg.triggers
     names = rule_names(cfg)
-    arn = pipeline or cfg.pipeline_arn
+    arn = cfg.pipeline_arn
     rules: list[dict] = [
         {
             "Name": names["deploy-on-approval"],
@@ -155,132 +154,8 @@ def _describe_rule(aws: Aws, name: str) -> dict | None:
         raise
 
 
-def _same_rule(old: dict | None, new: dict) -> bool:
-    if old is None:
-        return False
-    if "EventPattern" in new:
-        return json.loads(old.get("EventPattern") or "null") == new["EventPattern"] and old.get("State") == "ENABLED"
-    return old.get("ScheduleExpression") == new["ScheduleExpression"] and old.get("State") == "ENABLED"
-
-
-def _existing_pipeline_arn(cfg: Config, aws: Aws) -> str:
-    """The deployed pipeline's ARN as SageMaker spells it; the computed one if it is not deployed yet."""
-    try:
-        return aws.sagemaker.describe_pipeline(PipelineName=cfg.pipeline.name)["PipelineArn"]
-    except ClientError as e:
-        if _code(e) in ("ResourceNotFound", "ValidationException"):
-            return cfg.pipeline_arn
-        raise
-
-
-def _allow_events_to_invoke(cfg: Config, aws: Aws, rule_arn: str) -> None:
-    """Let EventBridge invoke the deploy Lambda from this rule (an existing statement is fine)."""
-    lam = aws.client("lambda")
-    sid = _statement_id(cfg, rule_arn.rsplit("/", 1)[-1])
-    try:
-        policy = json.loads(lam.get_policy(FunctionName=cfg.deploy.lambda_function_name)["Policy"])
-        if any(s.get("Sid") == sid for s in policy.get("Statement", [])):
-            return
-    except ClientError as e:
-        if _code(e) != "ResourceNotFoundException":  # no policy yet, or no function (add_permission says)
-            raise
-    try:
-        lam.add_permission(
-            FunctionName=cfg.deploy.lambda_function_name,
-            StatementId=sid,
-            Action="lambda:InvokeFunction",
-            Principal="events.amazonaws.com",
-            SourceArn=rule_arn,
-        )
-    except ClientError as e:
-        if _code(e) == "ResourceConflictException":
-            return
-        if _code(e) == "ResourceNotFoundException":
-            raise AwsError(
-                f"allow EventBridge to invoke {cfg.deploy.lambda_function_name}: the deploy Lambda does not exist "
-                f"(create it from steps/deploy/handler.py first; deploy.lambda_function_name)"
-            ) from None
-        raise
-
-
-def _statement_id(cfg: Config, rule: str | None = None) -> str:
-    """The Lambda permission statement of a rule (the approval rule's by default)."""
-    return (rule or rule_names(cfg)["deploy-on-approval"])[:100]
-
-
-def _enable_s3_eventbridge(aws: Aws, bucket: str) -> bool:
-    """Turn on EventBridge notifications of `bucket`, keeping its other notifications; True if changed."""
-    s3 = aws.s3
-    current = s3.get_bucket_notification_configuration(Bucket=bucket)
-    current.pop("ResponseMetadata", None)
-    if "EventBridgeConfiguration" in current:
-        return False
-    s3.put_bucket_notification_configuration(
-        Bucket=bucket, NotificationConfiguration={**current, "EventBridgeConfiguration": {}}
-    )
-    return True
-
-
-def apply(cfg: Config, aws: Aws | None, print_only: bool = False) -> list[dict]:
-    """Create or update the rules of cfg.triggers and their targets; remove rules whose option is off.
-
-    triggers.schedule_parameters are checked first (ConfigError: nothing is created). Returns one entry per rule:
-    {"name", "action": "created"|"updated"|"unchanged"|"deleted"|"planned", "rule": the planned rule}. With
-    print_only nothing is called (aws may be None).
-    """
-    settings = cfg.triggers
-    check_parameters(cfg)
-    if print_only:
-        return [{"name": r["Name"], "action": "planned", "rule": r} for r in plan(cfg)]
-    assert aws is not None
-    events = aws.client("events")
-    with explained(f"describe pipeline {cfg.pipeline.name}"):
-        arn = _existing_pipeline_arn(cfg, aws) if (settings.schedule or settings.on_new_data) else None
-    rules = plan(cfg, arn)
-    report: list[dict] = []
-    for rule in rules:
-        name = rule["Name"]
-        with explained(f"put rule {name}"):
-            old = _describe_rule(aws, name)
-            request: dict[str, Any] = {"Name": name, "State": "ENABLED",
-                                       "Description": rule["Description"][:MAX_DESCRIPTION]}
-            if "EventPattern" in rule:
-                request["EventPattern"] = json.dumps(rule["EventPattern"])
-            else:
-                request["ScheduleExpression"] = rule["ScheduleExpression"]
-            tags = [{"Key": k, "Value": v} for k, v in sorted(cfg.aws.tags.items())]
-            if old is None and tags:
-                request["Tags"] = tags
-            rule_arn = events.put_rule(**request)["RuleArn"]
-        with explained(f"put targets of rule {name}"):
-            before = {t["Id"]: t for t in events.list_targets_by_rule(Rule=name).get("Targets", [])}
-            same_targets = all(_same_target(before.get(t["Id"]), t) for t in rule["Targets"])
-            response = events.put_targets(Rule=name, Targets=rule["Targets"])
-            if response.get("FailedEntryCount"):
-                failed = response["FailedEntries"][0]
-                raise AwsError(f"put targets of rule {name}: {failed.get('ErrorCode')}: {failed.get('ErrorMessage')}")
-        if rule["Targets"][0]["Id"] == DEPLOY_TARGET_ID:
-            with explained(f"allow rule {name} to invoke {cfg.deploy.lambda_function_name}"):
-                _allow_events_to_invoke(cfg, aws, rule_arn)
-        if "on-new-data" in name:
-            bucket, _ = split_s3_uri(cfg.data.source)
-            with explained(f"turn on EventBridge notifications of bucket {bucket}"):
-                _enable_s3_eventbridge(aws, bucket)
-        action = "created" if old is None else ("unchanged" if _same_rule(old, rule) and same_targets else "updated")
-        report.append({"name": name, "action": action, "rule": rule, "arn": rule_arn})
-    wanted = {r["Name"] for r in rules}
-    for name in rule_names(cfg).values():
-        if name not in wanted and _delete_rule(cfg, aws, name):
-            report.append({"name": name, "action": "deleted", "rule": None})
-    return report
-
-
-def _same_target(old: dict | None, new: dict) -> bool:
-    return old is not None and all(old.get(k) == v for k, v in new.items())
-
-
 def list_(cfg: Config, aws: Aws) -> list[dict]:
-    """The rules apply made that exist now: name, state, pattern or schedule, targets."""
+    """The rules of the pipeline stack that exist now: name, state, pattern or schedule, targets."""
     found = []
     for kind, name in rule_names(cfg).items():
         with explained(f"describe rule {name}"):
@@ -310,31 +185,3 @@ def list_(cfg: Config, aws: Aws) -> list[dict]:
             }
         )
     return found
-
-
-def _delete_rule(cfg: Config, aws: Aws, name: str) -> bool:
-    """Remove the rule's targets, then the rule, and the deploy Lambda's permission for it (apply gave one to each
-    rule that targets the Lambda; none is fine); False if the rule does not exist."""
-    events = aws.client("events")
-    with explained(f"delete rule {name}"):
-        if _describe_rule(aws, name) is None:
-            existed = False
-        else:
-            ids = [t["Id"] for t in events.list_targets_by_rule(Rule=name).get("Targets", [])]
-            if ids:
-                events.remove_targets(Rule=name, Ids=ids, Force=False)
-            events.delete_rule(Name=name)
-            existed = True
-    try:
-        aws.client("lambda").remove_permission(FunctionName=cfg.deploy.lambda_function_name,
-                                               StatementId=_statement_id(cfg, name))
-    except ClientError as e:
-        if _code(e) != "ResourceNotFoundException":
-            raise AwsError(f"remove permission {_statement_id(cfg, name)} of {cfg.deploy.lambda_function_name}: "
-                           f"{e}") from None
-    return existed
-
-
-def delete(cfg: Config, aws: Aws) -> list[str]:
-    """Delete every rule apply made (targets first) and the Lambda's permissions for them; the names deleted."""
-    return [name for name in rule_names(cfg).values() if _delete_rule(cfg, aws, name)]
