@@ -100,7 +100,7 @@ def measure_train(train, model_dir: Path, threads: int, steps: int, batch_size: 
     import torch.nn.functional as F
 
     rt = train.Runtime(torch.device("cpu"), "cpu", 0, 1, distributed=False, bf16=False, compile=False)
-    model = train.load_model(model_dir, rt, seed=0).train()
+    model = train.load_model(model_dir, rt, seed=0, names=train.UNNAMED_LABELS).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
     batch = {"input_ids": torch.randint(1000, 30000, (batch_size, length)),
              "token_type_ids": torch.zeros(batch_size, length, dtype=torch.long),

@@ -50,6 +50,7 @@ SPLITS = ("train", "validation", "test")
 STATS_OUTPUT = "stats"
 TOKENIZE_OUTPUTS = (*SPLITS, STATS_OUTPUT)
 TEXT_COLUMNS = ("title", "content")  # the test split keeps each row's original text beside its tokens
+LABELS_KEY = "labels"  # schema metadata of every tokenized shard: the label names in id order (JSON), read by train.py
 
 # The processing container's file system
 PROCESSING = "/opt/ml/processing"
@@ -68,6 +69,8 @@ REPORT_FILE = "evaluation.json"
 PROPERTY_FILE = "EvaluationReport"
 SAMPLE_FILE = "endpoint_sample.jsonl"  # beside the report: labelled test rows as text, for the endpoint test
 ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
+LABEL_COUNT_PATH = "labels.count"  # the model's classes: how many, and a digest of their names (the registry's
+LABEL_DIGEST_PATH = "labels.digest"  # metadata holds both; the names live in the artifact's config.json)
 QUANTIZE_PATH = "inference.quantize"
 RUNTIME_PATH = "inference.runtime"
 # Evaluate's serving artifact (the trained model plus the endpoint's chosen variant): what the registry registers

@@ -140,7 +140,8 @@ def write_tokenized(folder: Path, input_ids: list[list[int]], token_type_ids: li
         columns |= {"title": [title for title, _ in texts], "content": [content for _, content in texts]}
     table = pa.table(columns, schema=schema)
     longest = max((len(ids) for ids in input_ids), default=1)
-    writer = pre.SplitWriter(folder, longest, rows_per_shard=max(1, -(-len(labels) // shards)), schema=schema)
+    writer = pre.SplitWriter(folder, longest, rows_per_shard=max(1, -(-len(labels) // shards)), schema=schema,
+                             names=["negative", "positive"])
     writer.write(table, np.zeros(len(labels), bool))
     writer.close()
     return folder

@@ -50,13 +50,15 @@ def test_evaluate_writes_the_sampled_rows_as_their_original_text_with_its_predic
     rows = check.read_sample((out / contract.SAMPLE_FILE).read_text().splitlines())
     report = json.loads((out / contract.REPORT_FILE).read_text())
     assert len(rows) == report["check"]["sample_size"] == 10
-    assert sum(r["label"] for r in rows) == 5  # stratified: the split is half positive
-    by_text = {(title, text) if title else (text,): label for (title, text), label in zip(ROWS, labels, strict=True)}
+    assert sum(r["label"] == "positive" for r in rows) == 5  # stratified: the split is half positive
+    names = ("negative", "positive")  # the model's id2label: what the endpoint answers
+    by_text = {(title, text) if title else (text,): names[label]
+               for (title, text), label in zip(ROWS, labels, strict=True)}
     assert all(by_text[(r["text"], r["text_pair"]) if "text_pair" in r else (r["text"],)] == r["label"]
                for r in rows)  # the reviews as they came in (case and all), a title and its content apart
     assert any("text_pair" in r for r in rows) and any("text_pair" not in r for r in rows)
     predictions = {r["prediction"] for r in rows}
-    assert predictions == {0, 1}  # the split model labels half of the texts positive
+    assert predictions == {"negative", "positive"}  # the split model labels half of the texts positive
 
 
 def test_the_served_model_answers_the_evaluations_predictions_on_the_sample(evaluated, monkeypatch):
@@ -78,7 +80,7 @@ def test_a_split_without_text_gets_no_sample(tmp_path, capsys):
     import pyarrow as pa
 
     rows = pa.table({"input_ids": [[2, 5, 3]], "token_type_ids": [[0, 0, 0]], "label": [1]})
-    assert endpoint_sample.write(tmp_path / "out", rows, [1], [1]) is None
+    assert endpoint_sample.write(tmp_path / "out", rows, [1], [1], ["no", "yes"]) is None
     assert "no title and content columns (the Tokenize step writes them): endpoint_sample.jsonl not written" in \
         capsys.readouterr().out
     assert not (tmp_path / "out").exists()
@@ -89,8 +91,8 @@ def test_every_sampled_row_is_kept_as_it_came_in_even_where_its_tokens_would_not
 
     texts = [("Great ZZQX sound", "love it"), (None, "##ing, not a word")]  # [UNK] and a lone "##" piece
     rows = pa.table({"title": [t for t, _ in texts], "content": [c for _, c in texts]})
-    path = endpoint_sample.write(tmp_path, rows, [1, 0], [1, 0])
+    path = endpoint_sample.write(tmp_path, rows, [1, 0], [1, 0], ["ham", "spam"])
     assert check.read_sample(path.read_text().splitlines()) == [
-        {"text": "Great ZZQX sound", "text_pair": "love it", "label": 1, "prediction": 1},
-        {"text": "##ing, not a word", "label": 0, "prediction": 0},
+        {"text": "Great ZZQX sound", "text_pair": "love it", "label": "spam", "prediction": "spam"},
+        {"text": "##ing, not a word", "label": "ham", "prediction": "ham"},
     ]

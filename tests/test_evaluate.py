@@ -163,8 +163,9 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     fn, tn = int(((preds == 0) & (labels == 1)).sum()), int(((preds == 0) & (labels == 0)).sum())
     assert 0 < tp + fp < 40, "the random model should predict both classes for a meaningful test"
 
-    assert set(result) == {"version", "binary_classification_metrics", "dataset", "check", "inference", "seconds",
-                           "tracking"}
+    assert set(result) == {"version", "binary_classification_metrics", "labels", "dataset", "check", "inference",
+                           "seconds", "tracking"}
+    assert result["labels"] == {"names": ["negative", "positive"], "count": 2, "digest": "af627d94d1fc9a77"}
     assert result["tracking"] == {"run_id": "none", "experiment": "trainium-bert"}  # no MLflow environment: untracked
     metrics = result["binary_classification_metrics"]
     for name in ("accuracy", "precision", "recall", "f1", "auc", "true_positive_rate", "false_positive_rate"):

@@ -79,12 +79,14 @@ def test_sample_is_deterministic_balanced_and_follows_schema(tok_dir: Path, tmp_
     out = a["output"]
     assert a["input"]["train"]["rows_in"] == 300 and a["input"]["test"]["rows_in"] == 30
     assert out["train"]["rows"] + out["validation"]["rows"] == 300
-    assert 20 <= out["validation"]["rows"] <= 100  # share 0.2, drawn per row
-    for label in ("0", "1"):  # exactly balanced overall
-        assert out["train"]["labels"][label] + out["validation"]["labels"][label] == 150
-        assert out["test"]["labels"][label] == 15
+    assert a["labels"] == ["negative", "positive"]  # data.labels of the shipped config
+    # stratified: each class gives exactly the share (0.2) of its 150 rows to validation
+    assert out["validation"]["labels"] == {"negative": 30, "positive": 30}
+    assert out["train"]["labels"] == {"negative": 120, "positive": 120}
+    assert out["test"]["labels"] == {"negative": 15, "positive": 15}
     table = read(tmp_path / "a", "train")
-    assert table.schema == pre.SCHEMA
+    assert table.schema.remove_metadata() == pre.SCHEMA
+    assert json.loads(table.schema.metadata[b"labels"]) == ["negative", "positive"]  # what train.py names them by
     assert table.schema.field("input_ids").type == pa.list_(pa.int32())
     assert table.schema.field("token_type_ids").type == pa.list_(pa.int8())
     lengths = table["length"].to_numpy()
@@ -185,7 +187,7 @@ def test_csv_bad_rows_are_dropped_and_counted(tok_dir: Path, tmp_path: Path) -> 
     part1, part2 = tmp_path / "in" / "train" / "part1.csv", tmp_path / "in" / "train" / "part2.csv"
     assert train["notes"] == {
         "malformed_row": f"{part2} line 15: wrong number of fields (3 in the header)",
-        "invalid_label": f"{part1} row 11 of a chunk: label '2' is not 0/1, negative/positive or false/true",
+        "invalid_label": f"{part1} row 11 of a chunk: label '2' is not one of negative, positive",
         "missing_content": f"{part2} row 11 of a chunk: no content (the column is empty)",
         "empty_text": f"{part2} row 12 of a chunk: neither a title nor content"}
     assert stats["output"]["train"]["rows"] + stats["output"]["validation"]["rows"] == 20
@@ -241,25 +243,17 @@ def test_max_rows_per_split_caps_every_split(tok_dir: Path, tmp_path: Path, monk
     adds_up(stats)
 
 
-def test_validation_split_is_seeded_and_chunk_independent() -> None:
-    positions = np.arange(50_000)
-    mask = pre.validation_mask(positions, 0.05, 42)
-    assert abs(mask.mean() - 0.05) < 0.005
-    assert np.array_equal(mask[1000:2000], pre.validation_mask(positions[1000:2000], 0.05, 42))
-    assert not np.array_equal(mask, pre.validation_mask(positions, 0.05, 43))
-
-    def splitmix(seed: int, i: int) -> float:  # plain-Python SplitMix64 reference
-        m, gamma = (1 << 64) - 1, 0x9E3779B97F4A7C15
-
-        def mix(x: int) -> int:
-            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
-            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
-            return x ^ (x >> 31)
-
-        return (mix((mix(seed * gamma & m) + (i + 1) * gamma) & m) >> 11) / 2**53
-
-    assert mask[:300].tolist() == [splitmix(42, i) < 0.05 for i in range(300)]
-    assert 5 <= mask[:300].sum() <= 30  # no clustering at the start
+def test_validation_split_is_stratified_seeded_and_chunk_independent() -> None:
+    labels = np.random.default_rng(0).choice(3, size=50_000, p=[0.6, 0.3, 0.1]).astype(np.int32)
+    whole = pre.validation_mask(labels, np.zeros(3, np.int64), 0.05, 42)
+    for c in range(3):  # each class gives the share of its rows, to one row
+        assert abs(whole[labels == c].sum() - 0.05 * (labels == c).sum()) <= 1
+    seen = np.zeros(3, np.int64)
+    pieces = [pre.validation_mask(labels[a:b], seen, 0.05, 42) for a, b in ((0, 1234), (1234, 30_000), (30_000, None))]
+    assert np.array_equal(np.concatenate(pieces), whole) and seen.tolist() == np.bincount(labels).tolist()
+    assert not np.array_equal(whole, pre.validation_mask(labels, np.zeros(3, np.int64), 0.05, 43))
+    gaps = np.diff(np.flatnonzero(whole[labels == 0]))  # spread evenly over the input: every 20th row of a class
+    assert set(gaps.tolist()) <= {19, 20, 21}
 
 
 def test_bad_input_errors_name_the_file(tok_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -530,8 +524,80 @@ def test_a_split_with_no_valid_row_says_why_and_where(tok_dir: Path, tmp_path: P
             "--source", str(folder), "--model-id", str(tok_dir), "--output-dir", str(tmp_path / "out")]
     assert pre.main(argv) == 1
     assert (f"train: no valid rows (of 2: invalid_label=2); {folder / 'train.csv'} row 1 of a chunk: label 'pos' is "
-            "not 0/1, negative/positive or false/true") in capsys.readouterr().err
+            "not one of negative, positive") in capsys.readouterr().err
     argv[-5] = str(folder / "train.csv")  # the --source
     assert pre.main(argv) == 1
     assert f"input folder {folder / 'train.csv'} is a file: give the folder that holds it ({folder})" in \
         capsys.readouterr().err
+
+
+def own_data(folder: Path, train: list[str], test: list[str]) -> Path:
+    """A user's CSV files: columns category, subject, body."""
+    for name, lines in (("train.csv", train), ("test.csv", test)):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("category,subject,body\n" + "\n".join(lines) + "\n")
+    return folder
+
+
+def test_own_columns_and_string_labels_found_in_the_train_split(tok_dir: Path, tmp_path: Path) -> None:
+    """data.text_columns / label_column name the user's columns; without data.labels the train split's labels,
+    sorted, are the names; each class gives its share to validation; every shard names them for train.py."""
+    train = [f"{('spam', 'ham')[i % 3 == 0]},offer {i},buy now {i}" for i in range(60)]
+    test = [" Spam ,offer,buy now", "ham,hello,see you", "HAM,,just a body"]  # case and spaces ignored
+    folder = own_data(tmp_path / "in", train, test)
+    stats = run(tok_dir, folder, tmp_path / "out", "--text-columns", '["subject", "body"]', "--label-column",
+                "category", "--labels", "null", "--validation-share", "0.25")
+    assert stats["labels"] == ["ham", "spam"]
+    out = stats["output"]
+    assert out["validation"]["labels"] == {"ham": 5, "spam": 10} and out["train"]["labels"] == {"ham": 15, "spam": 30}
+    assert out["test"]["labels"] == {"ham": 2, "spam": 1}
+    test_split = read(tmp_path / "out", "test")
+    assert test_split["label"].to_pylist() == [1, 0, 0] and test_split["title"].to_pylist() == ["offer", "hello", None]
+    for split in pre.SPLITS:
+        assert json.loads(read(tmp_path / "out", split).schema.metadata[b"labels"]) == ["ham", "spam"]
+
+
+def test_a_test_label_the_train_split_lacks_is_refused_naming_it(tok_dir: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    folder = own_data(tmp_path / "in", [f"{('spam', 'ham')[i % 2]},s {i},b {i}" for i in range(20)],
+                      ["ham,a,b", "eggs,c,d"])
+    argv = [*step_arguments("Tokenize"), "--source", str(folder), "--model-id", str(tok_dir), "--text-columns",
+            '["subject", "body"]', "--label-column", "category", "--labels", "null", "--output-dir",
+            str(tmp_path / "out")]
+    assert pre.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "label 'eggs' does not occur in the train split, whose labels are ham, spam" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_given_labels_take_names_or_indices_and_count_the_rest_as_bad_rows(tok_dir: Path, tmp_path: Path) -> None:
+    train = [f"{('bad', 'good', '1', '0.0', 'true')[i % 5]},t {i},b {i}" for i in range(50)] + ["meh,t,b"]
+    folder = own_data(tmp_path / "in", train, ["good,a,b", "bad,c,d"])
+    stats = run(tok_dir, folder, tmp_path / "out", "--text-columns", '["body"]', "--label-column", "category",
+                "--labels", '["bad", "good"]', "--validation-share", "0", "--max-bad-share", "0.05")
+    assert stats["labels"] == ["bad", "good"]
+    assert stats["output"]["train"]["labels"] == {"bad": 20, "good": 30}  # bad, 0.0 / good, 1, true
+    assert stats["input"]["train"]["dropped"]["invalid_label"] == 1
+    assert "label 'meh' is not one of bad, good" in stats["input"]["train"]["notes"]["invalid_label"]
+    assert read(tmp_path / "out", "train")["token_type_ids"].to_pylist()[0] == [0, 0, 0, 0]  # one text, no pair
+
+
+def test_more_than_two_classes_are_refused_before_tokenizing(tok_dir: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    folder = own_data(tmp_path / "in", [f"{i % 3 + 1},t {i},b {i}" for i in range(30)], ["1,a,b"])
+    argv = [*step_arguments("Tokenize"), "--source", str(folder), "--model-id", str(tok_dir), "--label-column",
+            "category", "--text-columns", '["subject", "body"]', "--labels", "null",
+            "--output-dir", str(tmp_path / "o")]
+    assert pre.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "the train split's labels: 3 label(s) (1, 2, 3): this release trains two classes" in err, err
+    assert not (tmp_path / "o" / "train").exists()
+
+
+def test_found_labels_are_sorted_and_one_per_spelling_ignoring_case() -> None:
+    def chunks(*labels: object):
+        return iter([(pa.table({"label": list(labels)}), rd.Drops()), (None, rd.Drops())])
+
+    assert rd.found_labels(chunks("Spam", "spam", "spam", "ham", " ham ", None, "")) == ["ham", "spam"]
+    assert rd.found_labels(chunks(10, 9, 1.0, 2)) == ["1", "2", "9", "10"]  # numbers as numbers; 1.0 is 1
+    assert rd.found_labels(chunks(True, False)) == ["0", "1"]

@@ -308,7 +308,7 @@ torch.manual_seed(1000 + int(os.environ["RANK"]))  # each rank's generator diffe
 args = train.parse_args([*json.loads(sys.argv[4]), "--model-id", sys.argv[2], "--seed", "7",
                          "--checkpoint-dir", sys.argv[3]])
 rt = train.setup(args)
-model = train.load_model(args.model_id, rt, args.seed)
+model = train.load_model(args.model_id, rt, args.seed, train.UNNAMED_LABELS)
 torch.save(model.classifier.weight.detach(), os.path.join(sys.argv[3], f"head-{rt.rank}.pt"))
 rt.end()
 """
@@ -488,7 +488,7 @@ def test_an_empty_split_is_no_split_and_bad_labels_name_their_folder(workspace, 
     labels[3] = 2
     pq.write_table(table.set_column(table.column_names.index("label"), "label",
                                     pa_array(labels, table.schema.field("label").type)), tmp_path / "bad" / "p.parquet")
-    with pytest.raises(ValueError, match=r"bad: labels \[2\]: expected 0 \(negative\) or 1"):
+    with pytest.raises(ValueError, match=r"bad: labels \[2\]: expected ids 0 to 1 of negative, positive"):
         train.TokenizedSplit(str(tmp_path / "bad"), 64)
 
 

@@ -10,6 +10,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from fixtures_train import config_arguments, make_tiny_model, write_split
@@ -80,7 +82,7 @@ def test_unpadded_batch_without_a_mask_gives_the_same_logits(train, tmp_path):
     """SDPA with no mask (its flash path on CUDA) for a batch the host knows has no padding: same logits."""
     model_dir = make_tiny_model(tmp_path / "model")
     rt = train.Runtime(torch.device("cpu"), "cpu", 0, 1, distributed=False, bf16=False, compile=False)
-    model = train.load_model(str(model_dir), rt, seed=0).eval()
+    model = train.load_model(str(model_dir), rt, seed=0, names=train.UNNAMED_LABELS).eval()
     assert model.config._attn_implementation == "sdpa"
     batch = {"input_ids": torch.randint(5, 100, (4, 12)), "token_type_ids": torch.zeros(4, 12, dtype=torch.long),
              "attention_mask": torch.ones(4, 12, dtype=torch.long)}
@@ -203,3 +205,19 @@ def test_cost_and_compare_read_steady_state_and_warmup_apart(tmp_path):
     assert (row["samples_per_sec"], row["samples_per_sec_with_warmup"], row["warmup_s"], row["compile_s"]) == (
         500.0, 100.0, 8.0, 6.5)
     assert row["cost_per_million_samples"] == 21.5 / 1000 * 1e6
+
+
+def test_the_model_names_its_classes_as_the_shards_do(train, tmp_path):
+    """Tokenize names the labels in every shard's schema metadata; train.py gives them to the model's head, which
+    saves them (the endpoint answers them)."""
+    from steps.tokenize import preprocess as pre
+
+    writer = pre.SplitWriter(tmp_path / "train", 8, names=["ham", "spam"])
+    writer.write(pa.table({"input_ids": [[2, 5, 3], [2, 6, 3]], "token_type_ids": [[0, 0, 0]] * 2, "label": [1, 0],
+                           "length": [3, 3]}, schema=pre.SCHEMA), np.zeros(2, bool))
+    writer.close()
+    split = train.TokenizedSplit(str(tmp_path / "train"), 8)
+    assert split.names == ["ham", "spam"] and split.labels.tolist() == [1, 0]
+    rt = train.Runtime(torch.device("cpu"), "cpu", 0, 1, distributed=False, bf16=False, compile=False)
+    model = train.load_model(str(make_tiny_model(tmp_path / "model")), rt, seed=0, names=split.names)
+    assert model.config.id2label == {0: "ham", 1: "spam"} and model.config.label2id == {"ham": 0, "spam": 1}

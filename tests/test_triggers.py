@@ -366,7 +366,8 @@ def test_a_data_drop_starts_one_execution_and_tokenize_reads_its_shards_only(aws
 
     files = readers.find_files(staged)
     assert all("_SUCCESS" not in p.name for split in files.values() for p in split)
-    chunks = readers.source_chunks(argparse.Namespace(source=cfg.data.source, input_dir=str(staged), seed=0))
+    chunks = readers.source_chunks(argparse.Namespace(source=cfg.data.source, input_dir=str(staged), seed=0,
+                                                      label_column="label", text_columns=["title", "content"]))
     rows = {split: sum(len(t) for t, _ in parts if t is not None) for split, parts in chunks.items()}
     assert rows == {"train": 150, "test": 8}
 

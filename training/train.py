@@ -1,4 +1,4 @@
-"""Fine-tune a BERT-style encoder for binary sentiment classification (the pipeline's Train step).
+"""Fine-tune a BERT-style encoder for text classification, its classes named by the data (the pipeline's Train step).
 
 Launched by torchrun, as the SageMaker training toolkit does for ``torch_distributed``:
 
@@ -86,8 +86,8 @@ try:
 except ImportError:
     torch_xla = None
 
-ID2LABEL = {0: "negative", 1: "positive"}
-LABEL2ID = {name: i for i, name in ID2LABEL.items()}
+LABELS_KEY = "labels"  # Tokenize's shards name their labels in their schema metadata (steps/contract.py LABELS_KEY)
+UNNAMED_LABELS = ["negative", "positive"]  # the names of shards that name none (an earlier Tokenize's, hand-made)
 SLOT_PREFIX = "slot-"
 MARKER = "COMPLETE"
 TRAINING_STATE = "TRAINING"  # "finished" once a training in this folder ended, "running" while one goes on
@@ -203,11 +203,14 @@ class TokenizedSplit:
             if not np.array_equal(np.asarray(types.offsets), self.offsets):
                 raise ValueError(f"{folder}: token_type_ids and input_ids rows differ in length")
             self.token_type_ids = np.asarray(types.values).astype(np.int8, copy=False)
+        metadata = table.schema.metadata or {}
+        self.names = json.loads(metadata[LABELS_KEY.encode()]) if LABELS_KEY.encode() in metadata else UNNAMED_LABELS
         labels = table.column("label").to_numpy()
-        if len(labels) and (labels.min() < 0 or labels.max() > 1):
-            bad = sorted({int(v) for v in labels[(labels < 0) | (labels > 1)][:1000]})
-            raise ValueError(f"{folder}: labels {bad[:5]}: expected 0 (negative) or 1 (positive), as Tokenize writes")
-        self.labels = labels.astype(np.int8, copy=False)
+        if len(labels) and (labels.min() < 0 or labels.max() >= len(self.names)):
+            bad = sorted({int(v) for v in labels[(labels < 0) | (labels >= len(self.names))][:1000]})
+            raise ValueError(f"{folder}: labels {bad[:5]}: expected ids 0 to {len(self.names) - 1} of "
+                             f"{', '.join(self.names)}, as Tokenize writes")
+        self.labels = labels.astype(np.int8 if len(self.names) <= 127 else np.int32, copy=False)
         self.lengths = np.minimum(np.diff(self.offsets), max_length)
         self.max_length = max_length
 
@@ -503,14 +506,16 @@ def setup(args: argparse.Namespace) -> Runtime:
 # model helpers
 
 
-def load_model(model_id: str, rt: Runtime, seed: int) -> torch.nn.Module:
-    """The pretrained encoder with a fresh 2-label head drawn from `seed`, so every rank starts from the same
+def load_model(model_id: str, rt: Runtime, seed: int, names: list[str]) -> torch.nn.Module:
+    """The pretrained encoder with a fresh head for the labels `names` (saved with the model, so the endpoint answers
+    them) drawn from `seed`, so every rank starts from the same
     weights whatever its generator held (so XLA, which has no DDP to broadcast them, needs no broadcast either);
     PyTorch's fused attention (SDPA) off XLA."""
     attention = {"attn_implementation": "sdpa"} if rt.sdpa else {}
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_id, num_labels=2, id2label=ID2LABEL, label2id=LABEL2ID, **attention
+        model_id, num_labels=len(names), id2label=dict(enumerate(names)),
+        label2id={name: i for i, name in enumerate(names)}, **attention
     )
     model.config.problem_type = "single_label_classification"
     model.to(rt.device)
@@ -1158,7 +1163,7 @@ def main(argv: list[str] | None = None) -> None:
         rt.log(f"learning rate {args.learning_rate:.3g} is set for global batch {args.lr_global_batch}; at this "
                f"run's {global_batch}: {learning_rate:.3g} (square-root rule)")
         args.learning_rate = learning_rate  # what the stats and the tracked parameters report
-    raw_model = load_model(args.model_id, rt, args.seed)
+    raw_model = load_model(args.model_id, rt, args.seed, train.names)
     decay = [p for p in raw_model.parameters() if p.ndim >= 2]
     no_decay = [p for p in raw_model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(

@@ -82,6 +82,29 @@ class Data(Section):
     max_bad_share: float = Field(default=0.01, ge=0, le=1)
     max_rows_per_split: int | None = Field(default=None, gt=0)
     immutable: bool = False  # an S3 source whose files never change: Tokenize may be a step-cache hit
+    text_columns: list[str] = Field(default=["title", "content"], min_length=1, max_length=2)
+    label_column: str = Field(default="label", min_length=1)
+    labels: list[str] | None = None  # the label names in id order; None: the train split's labels, sorted
+
+    @field_validator("text_columns")
+    @classmethod
+    def _text_columns(cls, v: list[str]) -> list[str]:
+        if any(not name.strip() for name in v) or len({name.lower() for name in v}) < len(v):
+            raise ValueError(f"data.text_columns={v!r}: expected one text column or a pair of different names, "
+                             "e.g. [title, content] or [text]")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        names = [str(name).strip() for name in v]
+        if len(names) != 2 or not all(names) or len({name.lower() for name in names}) < len(names):
+            raise ValueError(f"data.labels={v!r}: expected two different label names in id order, e.g. "
+                             "[negative, positive] (this release trains two classes), or null for the train "
+                             "split's labels")
+        return names
 
     @property
     def is_s3(self) -> bool:

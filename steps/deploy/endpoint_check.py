@@ -31,7 +31,7 @@ from typing import Any
 
 from steps.contract import SAMPLE_FILE, VARIANT_ATTRIBUTE
 
-LABELS = {"negative": 0, "positive": 1}
+UNNAMED_LABELS = ("negative", "positive")  # the label ids 0 / 1 of a sample written before samples named labels
 PREFIX = "staging_test"
 METADATA_VALUE = re.compile(r"[^\w\s.:/=+\-@]", re.UNICODE)  # what UpdateModelPackage accepts in a value
 MAX_VALUE = 256
@@ -50,18 +50,26 @@ def read_sample(lines: Iterable[str | bytes], source: str = SAMPLE_FILE) -> list
             continue
         try:
             row = json.loads(text)
-            ok = (isinstance(row["text"], str) and isinstance(row.get("text_pair", ""), str)
-                  and row["label"] in (0, 1) and row["prediction"] in (0, 1)
-                  and not isinstance(row["label"], bool) and not isinstance(row["prediction"], bool))
-        except (ValueError, KeyError, TypeError):
+            row.update({key: _name(row[key]) for key in ("label", "prediction")})
+            ok = isinstance(row["text"], str) and isinstance(row.get("text_pair", ""), str)
+        except (ValueError, KeyError, TypeError, IndexError):
             ok = False
         if not ok:
             raise SampleError(f"{source} line {number}: expected {{\"text\": str, [\"text_pair\": str,] \"label\": "
-                              f"0|1, \"prediction\": 0|1}}, got {text.strip()[:80]!r}")
+                              f"NAME, \"prediction\": NAME}}, got {text.strip()[:80]!r}")
         rows.append(row)
     if not rows:
         raise SampleError(f"{source} holds no rows")
     return rows
+
+
+def _name(label: Any) -> str:
+    """A sample row's label as the endpoint answers it: its name (an old sample's 0 / 1: negative / positive)."""
+    if isinstance(label, str) and label:
+        return label
+    if isinstance(label, int) and not isinstance(label, bool):
+        return UNNAMED_LABELS[label]
+    raise ValueError(f"label {label!r}")
 
 
 def pick(rows: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
@@ -70,7 +78,7 @@ def pick(rows: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
     if count >= len(rows):
         return list(rows)
     chosen: set[int] = set()
-    for label in (0, 1):
+    for label in dict.fromkeys(row["label"] for row in rows):
         index = [i for i, row in enumerate(rows) if row["label"] == label]
         chosen.update(index[: round(count * len(index) / len(rows))])
     return [row for i, row in enumerate(rows) if i in chosen]
@@ -114,12 +122,12 @@ def _text(row: dict[str, Any]) -> str | dict[str, str]:
     return {"text": row["text"], "text_pair": row["text_pair"]} if "text_pair" in row else row["text"]
 
 
-def _label(body: bytes) -> int:
-    """The predicted label of a one-text answer [{"label": ...}]; ValueError for anything else."""
+def _label(body: bytes) -> str:
+    """The predicted label of a one-text answer [{"label": NAME, ...}]; ValueError for anything else."""
     answer = json.loads(body)
-    if not isinstance(answer, list) or len(answer) != 1 or answer[0].get("label") not in LABELS:
-        raise ValueError(f"unexpected answer {body[:120]!r}: expected [{{\"label\": \"positive\"|\"negative\"}}]")
-    return LABELS[answer[0]["label"]]
+    if not isinstance(answer, list) or len(answer) != 1 or not isinstance(answer[0].get("label"), str):
+        raise ValueError(f"unexpected answer {body[:120]!r}: expected [{{\"label\": NAME, \"score\": ...}}]")
+    return answer[0]["label"]
 
 
 def run(
@@ -140,6 +148,7 @@ def run(
     (a hung or far too slow model), so a verdict is written before the caller's own time (the Lambda's) ends."""
     if not rows:
         return failed(endpoint, "no rows to send")
+    rows = [{**row, "label": _name(row["label"]), "prediction": _name(row["prediction"])} for row in rows]
     latencies, correct, errors, first_error, served = [], 0, 0, "", set()
     began, sent = clock(), 0
     for row in rows:

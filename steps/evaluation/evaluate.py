@@ -46,7 +46,9 @@ path, never from the Hub); the other metrics by quality.py.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import json
 import shutil
 import sys
 import tarfile
@@ -311,7 +313,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         sample = stratified_sample(labels, args.sample_size, args.seed)
         rows = table.take(pa.array(sample))
-        endpoint_sample.write(args.output_dir, rows, labels[sample], margins[sample] > 0)  # endpoint test
+        names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+        endpoint_sample.write(args.output_dir, rows, labels[sample], margins[sample] > 0, names)  # endpoint test
         fp32 = margins[sample] if source != "train step" else predict(fp32_logits, rows, args.batch_size, pad_id)
         positive = labels[sample] == 1
         checked = check(fp32, margins[sample], args.min_agreement, args.seed)
@@ -326,6 +329,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result = {
         "version": 0.0,
         "binary_classification_metrics": metrics,
+        "labels": {"names": names, "count": len(names),
+                   "digest": hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]},
         "dataset": {"rows": len(labels), "positives": int(labels.sum()), "predictions": source},
         "check": checked,
         "inference": {**inference, "fp32_accuracy": metrics["accuracy"]["value"], "onnx": onnx},

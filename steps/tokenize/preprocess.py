@@ -13,10 +13,15 @@ Tokenization rule (the model's fast tokenizer, no padding):
     content (title tokens + 3 >= max_length) are both cut longest-first.
   * without a title (empty or whitespace): the single sequence "[CLS] content [SEP]", token_type_ids all 0.
 
-The validation split is taken from the valid train rows: a row goes to validation when a seeded hash of its
-position in the train input is below --validation-share, so the choice does not depend on chunk sizes and the
-share is met on average (not exactly). Output: OUTPUT/{train,validation,test}/part-NNNNN.parquet with columns
-input_ids list<int32>, token_type_ids list<int8>, label int8, length int32, and in the test split also the row's
+Labels: --labels names them in id order, or (null) the train split's labels do, sorted (a first pass reads them);
+then a test label the train split lacks is refused, naming it. Every shard's schema metadata holds the names
+(LABELS_KEY), from which train.py names the model's classes.
+
+The validation split is taken from the valid train rows, stratified by label: of the k-th valid train row of a
+class, a row goes to validation when floor((k + 1) * share + u) > floor(k * share + u), u a seeded offset of that
+class, so each class gives --validation-share of its rows (to one row), spread evenly over the input, whatever the
+chunk sizes. Output: OUTPUT/{train,validation,test}/part-NNNNN.parquet with columns
+input_ids list<int32>, token_type_ids list<int8>, label int32, length int32, and in the test split also the row's
 original text, title string (null without one) and content string, which the endpoint test sends as they are;
 OUTPUT/stats/stats.json.
 Everything streams in chunks, so memory does not grow with the size of the input.
@@ -40,18 +45,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from steps.contract import SPLITS, TEXT_COLUMNS
-from steps.tokenize.readers import DROP_REASONS, Drops, StepError, limit_rows, source_chunks, validate
+from steps.contract import LABELS_KEY, SPLITS, TEXT_COLUMNS
+from steps.tokenize.readers import DROP_REASONS, Drops, StepError, found_labels, limit_rows, source_chunks, validate
 
 log = logging.getLogger("preprocess")
 
 SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),
     ("token_type_ids", pa.list_(pa.int8())),
-    ("label", pa.int8()),
+    ("label", pa.int32()),
     ("length", pa.int32()),
 ])
 TEST_SCHEMA = pa.schema([*SCHEMA, *(pa.field(name, pa.string()) for name in TEXT_COLUMNS)])
@@ -164,14 +168,21 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def validation_mask(positions: np.ndarray, share: float, seed: int) -> np.ndarray:
-    """True for the rows (by input position) that go to validation: element i of a SplitMix64 stream seeded
-    with `seed`, as a uniform number in [0, 1), is below the share."""
+def validation_mask(labels: np.ndarray, seen: np.ndarray, share: float, seed: int) -> np.ndarray:
+    """True for the rows (valid train rows in input order, by label id) that go to validation, stratified: the k-th
+    row of class c goes when floor((k + 1) * share + u_c) > floor(k * share + u_c), u_c in [0, 1) drawn from `seed`
+    and c (SplitMix64). `seen`: rows of each class before these; updated."""
     gamma = np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        start = _mix64(np.array([seed % (1 << 64)], np.uint64) * gamma)[0]
-        x = _mix64(start + (positions.astype(np.uint64) + np.uint64(1)) * gamma)
-    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53) < share
+    mask = np.zeros(len(labels), bool)
+    for c in np.unique(labels):
+        rows = np.flatnonzero(labels == c)
+        with np.errstate(over="ignore"):
+            x = _mix64(np.array([seed % (1 << 64)], np.uint64) * gamma + np.uint64(c + 1) * gamma)[0]
+        u = float(x >> np.uint64(11)) / float(1 << 53)
+        k = seen[c] + np.arange(len(rows), dtype=np.float64)
+        mask[rows] = np.floor((k + 1) * share + u) > np.floor(k * share + u)
+        seen[c] += len(rows)
+    return mask
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -189,7 +200,8 @@ class SplitWriter:
     rows: int = 0
     truncated: int = 0
     shards: int = 0
-    labels: list[int] = field(default_factory=lambda: [0, 0])
+    names: list[str] = field(kw_only=True)  # the label names, in id order
+    labels: np.ndarray = field(init=False)  # rows per label id
     hist: np.ndarray = field(init=False)  # count of rows per token length
     _writer: pq.ParquetWriter | None = field(default=None, init=False)
     _in_shard: int = field(default=0, init=False)
@@ -199,15 +211,15 @@ class SplitWriter:
         for old in self.folder.glob("part-*.parquet"):  # shards of an earlier run would mix in
             old.unlink()
         self.hist = np.zeros(self.max_length + 1, np.int64)
+        self.labels = np.zeros(len(self.names), np.int64)
+        self.schema = self.schema.with_metadata({LABELS_KEY: json.dumps(self.names)})
 
     def write(self, table: pa.Table, truncated: np.ndarray) -> None:
         self.rows += len(table)
         self.truncated += int(truncated.sum())
         lengths = table["length"].to_numpy()
         self.hist += np.bincount(lengths, minlength=self.max_length + 1)[: self.max_length + 1]
-        ones = int(pc.sum(table["label"]).as_py() or 0)
-        self.labels[0] += len(table) - ones
-        self.labels[1] += ones
+        self.labels += np.bincount(table["label"].to_numpy(), minlength=len(self.names))
         while len(table):
             if self._writer is None or self._in_shard >= self.rows_per_shard:
                 self._open()
@@ -236,7 +248,8 @@ class SplitWriter:
                for q in (50, 90, 95, 99)}
         pct["max"] = int(np.flatnonzero(self.hist).max()) if n else 0
         pct["mean"] = round(float((self.hist * np.arange(len(self.hist))).sum() / n), 2) if n else 0.0
-        return {"rows": n, "shards": self.shards, "labels": {"0": self.labels[0], "1": self.labels[1]},
+        return {"rows": n, "shards": self.shards,
+                "labels": {name: int(count) for name, count in zip(self.names, self.labels, strict=True)},
                 "token_length": pct, "truncated": self.truncated,
                 "truncated_share": round(self.truncated / n, 6) if n else 0.0}
 
@@ -261,7 +274,8 @@ class Chunk:
     job: Any = None
 
 
-def encoded(chunks: Iterator[tuple[pa.Table | None, Drops]], encoder: Encoder) -> Iterator[tuple[Chunk, list]]:
+def encoded(chunks: Iterator[tuple[pa.Table | None, Drops]], encoder: Encoder, names: list[str],
+            unseen: str | None = None) -> Iterator[tuple[Chunk, list]]:
     """Validated chunks with their encodings. The next chunk is tokenized in a thread (the tokenizer
     releases the GIL) while the caller converts and writes the current one."""
     with ThreadPoolExecutor(1) as pool:
@@ -269,7 +283,7 @@ def encoded(chunks: Iterator[tuple[pa.Table | None, Drops]], encoder: Encoder) -
         for table, drops in chunks:
             chunk = Chunk(rows=drops.total, dropped=dict(drops.counts), notes=drops.notes)
             if table is not None:
-                chunk.kept, chunk.kept_index, counts, notes = validate(table)
+                chunk.kept, chunk.kept_index, counts, notes = validate(table, names, unseen)
                 chunk.dropped.update(counts)
                 chunk.notes = notes | chunk.notes
                 chunk.rows += len(table)
@@ -287,12 +301,13 @@ def encoded(chunks: Iterator[tuple[pa.Table | None, Drops]], encoder: Encoder) -
 
 
 def process_split(name: str, chunks: Iterator, encoder: Encoder, writers: dict[str, SplitWriter],
-                  args: argparse.Namespace) -> dict[str, Any]:
+                  args: argparse.Namespace, names: list[str], unseen: str | None = None) -> dict[str, Any]:
     """Validate, tokenize and write one source split (train also feeds validation); return its input stats."""
-    rows_in, position, dropped, notes = 0, 0, dict.fromkeys(DROP_REASONS, 0), {}
+    rows_in, dropped, notes = 0, dict.fromkeys(DROP_REASONS, 0), {}
+    seen = np.zeros(len(names), np.int64)  # valid train rows of each class so far (the validation split's strata)
     t0 = last_log = time.perf_counter()
     cpu0 = time.process_time()
-    for chunk, encodings in encoded(chunks, encoder):
+    for chunk, encodings in encoded(chunks, encoder, names, unseen):
         for reason, n in chunk.dropped.items():
             dropped[reason] += n
         notes = chunk.notes | notes
@@ -300,7 +315,7 @@ def process_split(name: str, chunks: Iterator, encoder: Encoder, writers: dict[s
             is_pair = chunk.kept["title"].is_valid().to_numpy(zero_copy_only=False)
             table, truncated = encoder.to_table(encodings, chunk.kept["label"].combine_chunks(), is_pair)
             if name == "train" and args.validation_share > 0:
-                to_val = validation_mask(position + chunk.kept_index, args.validation_share, args.seed)
+                to_val = validation_mask(table["label"].to_numpy(), seen, args.validation_share, args.seed)
                 for split, mask in (("validation", to_val), ("train", ~to_val)):
                     idx = np.flatnonzero(mask)
                     if len(idx):
@@ -308,7 +323,6 @@ def process_split(name: str, chunks: Iterator, encoder: Encoder, writers: dict[s
             else:
                 writers[name].write(with_text(table, chunk.kept) if name == "test" else table, truncated)
         rows_in += chunk.rows
-        position += chunk.parsed
         if time.perf_counter() - last_log > 30:
             last_log = time.perf_counter()
             log.info("%s: %d rows read, %.0f rows/s", name, rows_in, rows_in / (last_log - t0))
@@ -329,6 +343,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     given.add_argument("--validation-share", type=float, required=True)
     given.add_argument("--seed", type=int, required=True)
     given.add_argument("--max-bad-share", type=float, required=True)
+    given.add_argument("--text-columns", type=json.loads, required=True,
+                       help='JSON list of one text column or a pair, e.g. ["title", "content"]')
+    given.add_argument("--label-column", required=True)
+    given.add_argument("--labels", type=json.loads, required=True,
+                       help='JSON list of the label names in id order, or null: those of the train split')
     p.add_argument("--input-dir", default="/opt/ml/processing/input/data")
     p.add_argument("--output-dir", default="/opt/ml/processing/output")
     p.add_argument("--max-rows-per-split", type=int, default=None, help="read at most N rows of each split")
@@ -339,7 +358,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--validation-share must be in [0, 1)")
     if not 0 <= args.max_bad_share <= 1:
         p.error("--max-bad-share must be in [0, 1]")
+    if not (isinstance(args.text_columns, list) and 1 <= len(args.text_columns) <= 2):
+        p.error("--text-columns must be a JSON list of one or two column names")
+    if args.labels is not None and not (isinstance(args.labels, list) and len(args.labels) >= 2):
+        p.error("--labels must be null or a JSON list of two or more label names")
     return args
+
+
+def check_classes(names: list[str], where: str) -> None:
+    """Two classes: what the model, Evaluate and the endpoint test handle in this release."""
+    if len(names) != 2:
+        raise StepError(f"{where}: {len(names)} label(s) ({', '.join(map(str, names[:20]))}): this release trains "
+                        "two classes; a classifier of more is not supported yet")
 
 
 def cpu_count() -> int:
@@ -356,19 +386,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     set_env("TOKENIZERS_PARALLELISM", "true" if threads > 1 else "false")
     out = Path(args.output_dir)
     encoder = Encoder(args.model_id, args.max_length)
+    names = [str(name) for name in args.labels or found_labels(limit_rows(source_chunks(args)["train"],
+                                                                          args.max_rows_per_split))]
+    check_classes(names, "data.labels" if args.labels else "the train split's labels")
     sources = source_chunks(args)
-    writers = {s: SplitWriter(out / s, args.max_length, args.rows_per_shard, TEST_SCHEMA if s == "test" else SCHEMA)
-               for s in SPLITS}
+    writers = {s: SplitWriter(out / s, args.max_length, args.rows_per_shard, TEST_SCHEMA if s == "test" else SCHEMA,
+                              names=names) for s in SPLITS}
     stats: dict[str, Any] = {
         "source": args.source, "model_id": args.model_id, "max_length": args.max_length,
         "validation_share": args.validation_share, "seed": args.seed, "max_bad_share": args.max_bad_share,
-        "tokenizer_threads": threads, "input": {}, "output": {},
+        "tokenizer_threads": threads, "labels": names, "input": {}, "output": {},
     }
     failures = []
     try:
         for name in ("train", "test"):
             chunks = limit_rows(sources[name], args.max_rows_per_split)
-            info = process_split(name, chunks, encoder, writers, args)
+            info = process_split(name, chunks, encoder, writers, args, names,
+                                 unseen="train" if name == "test" and not args.labels else None)
             stats["input"][name] = info
             log.info("%s: %s", name, json.dumps(info))
             where = "".join(f"; {note}" for note in info["notes"].values())

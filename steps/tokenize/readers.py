@@ -10,9 +10,13 @@ A file belongs to the train split if its name has the word "train" or "training"
 "test", "testing", "eval" or "evaluation" (words between "-", "_", ".", spaces and digits, as Hugging Face datasets
 finds splits: train-00000-of-00002.parquet is train, latest.csv is neither), else by its folders, deepest first;
 files and folders whose name starts with "." or "_" are not data (_SUCCESS, _temporary/, .ipynb_checkpoints/,
-_delta_log/), nor is save_to_disk's metadata (state.json...) beside its .arrow files. Each file needs a label column
-("label", 0/1; or "polarity", the original release's coding: 1 negative, 2 positive) and a content column
-("content", "text" or "review"); a title column ("title" or "summary") is optional. CSV files need a header, except
+_delta_log/), nor is save_to_disk's metadata (state.json...) beside its .arrow files. Each file needs the label column
+and the (last) text column that the config names (`Columns`: data.label_column, data.text_columns); the first of two
+text columns is optional. The default names also find their historical spellings: "polarity" for "label" (the
+original release's coding: 1 negative, 2 positive), "text" or "review" for "content", "summary" for "title". A label
+is one of the label names (data.labels, case and surrounding spaces ignored) or, where no name is a number, its index
+(0, 1, ...; with two names also false / true); without data.labels the names are the train split's values, sorted
+(as numbers where all are). CSV files need a header, except
 the original release's train.csv / test.csv (polarity, title, text without one: a file whose first record is three
 fields, the first 1 or 2, and no known column name); quoted fields may hold line breaks; LF, CRLF and a UTF-8 BOM
 are fine.
@@ -26,10 +30,10 @@ applies; the readers drop (and note where the first of each was, as "file line N
   oversized_row     a record or JSON line longer than MAX_ROW_BYTES
   invalid_encoding  a CSV record, JSON line or Parquet text value that is not valid UTF-8 (or Unicode)
 and `validate` drops:
-  invalid_label     a label that is missing, unparsable or not 0/1 ("negative"/"positive", "false"/"true" too)
+  invalid_label     a label that is missing or not one of the label names (or their indices)
   missing_content   no content value (null, or an unquoted empty CSV field)
   empty_text        title and content are both empty or whitespace
-A standardized table has the string columns label / title / content (title may be all null).
+A standardized table has the columns label (as read) / title / content (strings; title may be all null).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import re
 import shutil
 import tempfile
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -60,12 +65,7 @@ from steps.tokenize.csv_records import BOM, READ_BYTES, RecordBlocks
 
 log = logging.getLogger("preprocess")
 
-# A label written as text (CSV; JSON strings), lowercased and trimmed: true/false as pandas writes booleans
-POSITIVE_LABELS, NEGATIVE_LABELS = ["1", "1.0", "positive", "true"], ["0", "0.0", "negative", "false"]
-LABEL_COLUMNS = ("label", "polarity")  # polarity: the original CSV release's 1 (negative) / 2 (positive)
 RELEASE_COLUMNS = ["polarity", "title", "text"]  # the original release's CSV files, which have no header
-CONTENT_COLUMNS = ("content", "text", "review")
-TITLE_COLUMNS = ("title", "summary")
 CHUNK_ROWS = 8192  # rows per read / tokenize batch
 DATA_SUFFIXES = (".csv", ".parquet", ".pq", ".jsonl", ".json", ".ndjson", ".arrow")
 # A split's keywords in a file or folder name, as whole words between separators (Hugging Face datasets' rule):
@@ -80,7 +80,26 @@ DEFAULT_SAMPLE_ROWS = 20_000
 MAX_ROW_BYTES = 1 << 20  # a review is a few KB; a larger record is most likely broken quoting or a stray blob
 DROP_REASONS = ("malformed_row", "unclosed_quote", "oversized_row", "invalid_encoding", "invalid_label",
                 "missing_content", "empty_text")
-TEXT_NAMES = LABEL_COLUMNS + CONTENT_COLUMNS + TITLE_COLUMNS
+ALIASES = {"label": ("polarity",), "content": ("text", "review"), "title": ("summary",)}  # the default names' other
+# spellings (polarity: the original CSV release's 1 = negative / 2 = positive)
+BOOLEAN_LABELS = ("false", "true")  # two labels may be written as booleans (pandas writes them so)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The columns rows are read from (data.label_column, data.text_columns): the label, and one text or a pair (the
+    first of a pair may be missing from a file, whose rows are then single texts)."""
+
+    label: str = "label"
+    text: tuple[str, ...] = ("title", "content")
+
+    def candidates(self, name: str) -> tuple[str, ...]:
+        return (name, *ALIASES.get(name, ()))
+
+    def names(self) -> tuple[str, ...]:
+        """Every column name that is read as text (CSV type inference off), in the spellings CSV headers use."""
+        found = [n for name in (self.label, *self.text) for n in self.candidates(name)]
+        return tuple(v for n in found for v in dict.fromkeys((n, n.lower(), n.title(), n.upper())))
 
 
 class StepError(Exception):
@@ -126,30 +145,32 @@ def _pick(names: list[str], candidates: tuple[str, ...]) -> str | None:
     return next((lower[c] for c in candidates if c in lower), None)
 
 
-def standardize(table: pa.Table, where: str) -> tuple[pa.Table, np.ndarray]:
+def standardize(table: pa.Table, where: str, columns: Columns = Columns()) -> tuple[pa.Table, np.ndarray]:
     """Rename the source columns to label/title/content (title may be all null); raise if one is missing. Also the
     rows whose title or content is not valid UTF-8 (a Parquet file's bytes: CSV and JSON are checked as read)."""
     names = table.column_names
-    label, content, title = (_pick(names, LABEL_COLUMNS), _pick(names, CONTENT_COLUMNS),
-                             _pick(names, TITLE_COLUMNS))
+    label, content = _pick(names, columns.candidates(columns.label)), _pick(names, columns.candidates(columns.text[-1]))
+    title = _pick(names, columns.candidates(columns.text[0])) if len(columns.text) == 2 else None
     if label is None or content is None:
-        raise StepError(f"{where}: needs a label column ({'/'.join(LABEL_COLUMNS)}) and a content column "
-                        f"({'/'.join(CONTENT_COLUMNS)}); found columns {names}")
-    columns = {"label": _release_labels(table[label]) if label.lower() == "polarity" else table[label]}
+        raise StepError(f"{where}: needs a label column ({'/'.join(columns.candidates(columns.label))}: "
+                        f"data.label_column) and a text column ({'/'.join(columns.candidates(columns.text[-1]))}: "
+                        f"data.text_columns); found columns {names}")
+    release = label.lower() == "polarity" and columns.label.lower() != "polarity"
+    standard = {"label": _release_labels(table[label]) if release else table[label]}
     invalid = np.zeros(len(table), bool)
     for name, src in (("title", title), ("content", content)):
         col = table[src] if src is not None else pa.nulls(len(table), pa.string())
         try:
-            columns[name], bad = _text(col)
+            standard[name], bad = _text(col)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise StepError(f"{where}: column {src!r} of type {col.type} is not text: {e}") from e
         invalid |= bad
-    return pa.table(columns), invalid
+    return pa.table(standard), invalid
 
 
-def _standardized(table: pa.Table, where: str, drops: Drops) -> pa.Table:
+def _standardized(table: pa.Table, where: str, drops: Drops, columns: Columns) -> pa.Table:
     """`standardize`d, without the rows of invalid UTF-8 text, which go to `drops`."""
-    table, invalid = standardize(table, where)
+    table, invalid = standardize(table, where, columns)
     if invalid.any():
         drops.add("invalid_encoding", int(invalid.sum()),
                   f"{where}: a title or content value that is not valid UTF-8 (row {int(np.argmax(invalid)) + 1} "
@@ -192,7 +213,7 @@ def _headerless_release(names: list[str]) -> bool:
     return len(names) == 3 and names[0].strip() in ("1", "2")
 
 
-def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
+def _csv_chunks(path: Path, columns: Columns) -> Iterator[tuple[pa.Table | None, Drops]]:
     """Blocks of whole, valid UTF-8 records (csv_records.py), each parsed by pyarrow."""
     malformed: list[str] = []
 
@@ -202,7 +223,7 @@ def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
 
     parse = pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=skip)
     convert = pacsv.ConvertOptions(  # read as text: type inference is per block
-        column_types={v: pa.string() for c in TEXT_NAMES for v in (c, c.title(), c.upper())},
+        column_types=dict.fromkeys(columns.names(), pa.string()),
         strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=False)
     names = None
     with pa.input_stream(str(path), compression="gzip" if _gzipped(path) else None) as stream:
@@ -228,7 +249,7 @@ def _csv_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
             yield table, drops
 
 
-def _parquet_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
+def _parquet_chunks(path: Path, columns: Columns) -> Iterator[tuple[pa.Table, Drops]]:
     """Row batches of a Parquet file; a gzipped one (.parquet.gz) is first unpacked to a temporary file, as Parquet
     is read from its end."""
     with tempfile.TemporaryFile() as unpacked:
@@ -241,7 +262,7 @@ def _parquet_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
             yield pa.Table.from_batches([batch]), Drops()
 
 
-def _arrow_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
+def _arrow_chunks(path: Path, columns: Columns) -> Iterator[tuple[pa.Table, Drops]]:
     """Record batches of an Arrow IPC file: the stream format that datasets' save_to_disk and cache write, or the
     random-access file format (Feather v2). Memory-mapped; a gzipped one (.arrow.gz) is unpacked in memory."""
     with pa.input_stream(str(path), compression="gzip") if _gzipped(path) else pa.memory_map(str(path)) as stream:
@@ -256,8 +277,9 @@ def _arrow_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
                 yield pa.Table.from_batches([batch.slice(start, CHUNK_ROWS)]), Drops()
 
 
-def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
+def _jsonl_chunks(path: Path, columns: Columns) -> Iterator[tuple[pa.Table, Drops]]:
     """JSON Lines read line by line as bytes (or a .json file that is one JSON array, read whole)."""
+    labels = tuple(name.lower() for name in columns.candidates(columns.label))
     opener = gzip.open if _gzipped(path) else open
     with opener(path, "rb") as f:
         head = f.read(1 << 16).removeprefix(BOM).lstrip()
@@ -277,7 +299,7 @@ def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
                         drops.add(bad[0], 1, f"{path} element {i}: {bad[1]}")
                     else:
                         kept.append(row)
-                yield _rows_table(kept), drops
+                yield _rows_table(kept, labels), drops
             return
         rows, drops, number = [], Drops(), 0
         while line := f.readline(MAX_ROW_BYTES + 1):
@@ -302,10 +324,10 @@ def _jsonl_chunks(path: Path) -> Iterator[tuple[pa.Table, Drops]]:
             if bad:
                 drops.add(bad[0], 1, f"{path} line {number}: {bad[1]}")
             if len(rows) == CHUNK_ROWS:
-                yield _rows_table(rows), drops
+                yield _rows_table(rows, labels), drops
                 rows, drops = [], Drops()
         if rows or drops.total:
-            yield _rows_table(rows), drops
+            yield _rows_table(rows, labels), drops
 
 
 def _bad_row(row: Any, escaped_surrogates: bool = True) -> tuple[str, str] | None:
@@ -320,13 +342,13 @@ def _bad_row(row: Any, escaped_surrogates: bool = True) -> tuple[str, str] | Non
     return None
 
 
-def _rows_table(rows: list[dict]) -> pa.Table:
-    """Rows of JSON objects as a table of label (Python objects as text) / title / content columns."""
+def _rows_table(rows: list[dict], label_names: tuple[str, ...]) -> pa.Table:
+    """Rows of JSON objects as a table of text columns (a label's Python objects as text, other values as JSON)."""
     names = sorted({k for row in rows for k in row})
     columns = {}
     for name in names:
         values = [row.get(name) for row in rows]
-        if name.lower() in LABEL_COLUMNS:
+        if name.lower() in label_names:
             values = [None if v is None else str(int(v)) if isinstance(v, bool) else str(v) for v in values]
         else:
             values = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
@@ -334,10 +356,10 @@ def _rows_table(rows: list[dict]) -> pa.Table:
     return pa.table(columns) if columns else pa.table({"label": pa.array([], pa.string())})
 
 
-def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
+def file_chunks(path: Path, columns: Columns = Columns()) -> Iterator[tuple[pa.Table | None, Drops]]:
     """Chunks of one data file as standardized tables (None if no row parsed), with the rows dropped."""
     name = path.name.lower().removesuffix(".gz")
-    reader: Callable[[Path], Iterator[tuple[pa.Table | None, Drops]]]
+    reader: Callable[[Path, Columns], Iterator[tuple[pa.Table | None, Drops]]]
     if name.endswith(".csv"):
         reader = _csv_chunks
     elif name.endswith((".parquet", ".pq")):
@@ -347,11 +369,11 @@ def file_chunks(path: Path) -> Iterator[tuple[pa.Table | None, Drops]]:
     else:
         reader = _jsonl_chunks
     try:
-        for table, drops in reader(path):
+        for table, drops in reader(path, columns):
             if table is None or not len(table):
                 yield None, drops
                 continue
-            yield _standardized(table, str(path), drops), drops
+            yield _standardized(table, str(path), drops, columns), drops
     except StepError:
         raise
     except (OSError, ValueError, EOFError, zlib.error, pa.ArrowException) as e:  # EOFError: a cut gzip stream
@@ -410,7 +432,7 @@ def find_files(root: Path) -> dict[str, list[Path]]:
     return found
 
 
-def hub_chunks(name: str, split: str) -> Iterator[tuple[pa.Table, Drops]]:
+def hub_chunks(name: str, split: str, columns: Columns = Columns()) -> Iterator[tuple[pa.Table, Drops]]:
     """Chunks of a Hub dataset split (the dataset is downloaded to the Arrow cache, then read in chunks)."""
     import datasets
 
@@ -424,12 +446,12 @@ def hub_chunks(name: str, split: str) -> Iterator[tuple[pa.Table, Drops]]:
         table = ds.data.slice(start, CHUNK_ROWS)
         table = getattr(table, "table", table)  # datasets wraps pyarrow tables
         drops = Drops()
-        yield _standardized(table, f"{name}[{split}]", drops), drops
+        yield _standardized(table, f"{name}[{split}]", drops, columns), drops
 
 
 def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table | None, Drops]]]:
     """For train and test: an iterator of (standardized table, rows dropped while reading) chunks."""
-    source = args.source
+    source, columns = args.source, Columns(args.label_column, tuple(args.text_columns))
     kind = source_kind(source)
     if kind == "sample":
         try:
@@ -444,8 +466,8 @@ def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table
         root = Path(args.input_dir) if kind == "s3" else Path(source).expanduser()
         files = find_files(root)
         log.info("reading %s: %s", root, {k: [str(p.relative_to(root)) for p in v] for k, v in files.items()})
-        return {split: (c for p in paths for c in file_chunks(p)) for split, paths in files.items()}
-    return {split: hub_chunks(source, split) for split in ("train", "test")}
+        return {split: (c for p in paths for c in file_chunks(p, columns)) for split, paths in files.items()}
+    return {split: hub_chunks(source, split, columns) for split in ("train", "test")}
 
 
 def limit_rows(chunks: Iterator[tuple[pa.Table | None, Drops]], limit: int | None) -> Iterator[tuple[Any, Drops]]:
@@ -462,20 +484,69 @@ def limit_rows(chunks: Iterator[tuple[pa.Table | None, Drops]], limit: int | Non
             return
 
 
-def validate(table: pa.Table) -> tuple[pa.Table, np.ndarray, dict[str, int], dict[str, str]]:
-    """Keep rows with a 0/1 label and some text: return them (label int8), their row indices in the
-    chunk, the drop count per reason and, per reason, where and what its first dropped row was."""
-    label = table["label"]
+def label_text(label: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Labels as trimmed text: booleans as 0 / 1, whole numbers without a fraction (1.0 is "1")."""
     if pa.types.is_boolean(label.type):
         label = pc.cast(label, pa.int8())
-    if pa.types.is_integer(label.type) or pa.types.is_floating(label.type):
-        value = pc.cast(label, pa.float64())
-        is_pos, is_neg = pc.equal(value, 1.0), pc.equal(value, 0.0)
-    else:
-        text = pc.utf8_lower(pc.utf8_trim_whitespace(pc.cast(label, pa.string())))
-        is_pos = pc.is_in(text, value_set=pa.array(POSITIVE_LABELS))
-        is_neg = pc.is_in(text, value_set=pa.array(NEGATIVE_LABELS))
-    bad_label = pc.invert(pc.fill_null(pc.or_(is_pos, is_neg), False))
+    if pa.types.is_floating(label.type):
+        whole = pc.equal(pc.floor(label), label)
+        ints = pc.cast(pc.if_else(whole, label, 0.0), pa.int64(), safe=False)
+        return pc.if_else(whole, pc.cast(ints, pa.string()), pc.cast(label, pa.string()))
+    return pc.utf8_trim_whitespace(pc.cast(label, pa.string()))
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def label_ids(label: pa.ChunkedArray | pa.Array, names: list[str]) -> np.ndarray:
+    """Each row's label id (its index in `names`), -1 where it is none: a name (case ignored) or, where no name is a
+    number, the index written as a number (1, 1.0; with two names also false / true)."""
+    keys = [name.lower() for name in names]
+    ids = list(range(len(names)))
+    if not any(_number(name) for name in names):
+        for i in range(len(names)):
+            keys, ids = keys + [str(i), f"{i}.0"], ids + [i, i]
+        if len(names) == 2:
+            keys, ids = keys + list(BOOLEAN_LABELS), ids + [0, 1]
+    text = pc.utf8_lower(label_text(label))
+    index = pc.fill_null(pc.index_in(text, value_set=pa.array(keys, pa.string())), -1)
+    return np.append(np.array(ids, np.int32), -1)[np.asarray(index.to_numpy(zero_copy_only=False), np.int64)]
+
+
+def found_labels(chunks: Iterator[tuple[pa.Table | None, Drops]]) -> list[str]:
+    """The label names of a split (data.labels unset): its distinct labels, sorted (as numbers where all are one).
+    Labels are matched case-insensitively, so spellings that differ only in case are one label, named by its most
+    frequent spelling."""
+    spellings: Counter[str] = Counter()
+    for table, _ in chunks:
+        if table is not None:
+            spellings.update(v for v in label_text(table["label"]).to_pylist() if v)
+    named: dict[str, str] = {}
+    for spelling, _ in sorted(spellings.items(), key=lambda item: (-item[1], item[0])):
+        named.setdefault(spelling.lower(), spelling)
+    names = list(named.values())
+    return sorted(names, key=float) if all(_number(v) for v in names) else sorted(names)
+
+
+def validate(table: pa.Table, names: list[str], unseen: str | None = None
+             ) -> tuple[pa.Table, np.ndarray, dict[str, int], dict[str, str]]:
+    """Keep rows with a label of `names` and some text: return them (label int32: the label's id), their row indices
+    in the chunk, the drop count per reason and, per reason, where and what its first dropped row was. `unseen`: the
+    split whose labels named the set (names found there): a label it lacks is refused, not counted as a bad row."""
+    source = (table.schema.metadata or {}).get(SOURCE_KEY.encode(), b"the data").decode()
+    ids = label_ids(table["label"], names)
+    if unseen and (ids < 0).any():
+        text = label_text(table["label"]).to_pylist()
+        new = [v for v, i in zip(text, ids, strict=True) if i < 0 and v]
+        if new:
+            raise StepError(f"{source}: label {new[0]!r} does not occur in the {unseen} split, whose labels are "
+                            f"{', '.join(names)} (list every label in data.labels to allow it)")
+    bad_label = pa.array(ids < 0)
     missing = pc.is_null(table["content"])
     title = pc.fill_null(table["title"], "")
     has_title = pc.not_equal(pc.utf8_trim_whitespace(title), "")
@@ -486,9 +557,8 @@ def validate(table: pa.Table) -> tuple[pa.Table, np.ndarray, dict[str, int], dic
     counts = {"invalid_label": int(bad_label.sum()),
               "missing_content": int((missing & ~bad_label).sum()),
               "empty_text": int((empty & ~missing & ~bad_label).sum())}
-    source = (table.schema.metadata or {}).get(SOURCE_KEY.encode(), b"the data").decode()
     notes = {}
-    for reason, mask, what in (("invalid_label", bad_label, "label {!r} is not 0/1, negative/positive or false/true"),
+    for reason, mask, what in (("invalid_label", bad_label, f"label {{!r}} is not one of {', '.join(names)}"),
                                ("missing_content", missing & ~bad_label, "no content (the column is empty)"),
                                ("empty_text", empty & ~missing & ~bad_label, "neither a title nor content")):
         if mask.any():
@@ -497,7 +567,7 @@ def validate(table: pa.Table) -> tuple[pa.Table, np.ndarray, dict[str, int], dic
     keep_mask = ~(bad_label | missing | empty)
     keep = pa.array(keep_mask)
     kept = pa.table({
-        "label": pc.cast(pc.fill_null(pc.filter(is_pos, keep), False), pa.int8()),
+        "label": pa.array(ids[keep_mask], pa.int32()),
         "title": pc.filter(pc.if_else(has_title, title, pa.scalar(None, pa.string())), keep),
         "content": pc.filter(table["content"], keep),
     })
