@@ -249,10 +249,10 @@ class Steps(StepParts):
         from sagemaker.core.workflow import ConditionGreaterThanOrEqualTo
         from sagemaker.mlops.workflow.condition_step import ConditionStep
 
-        accuracy = self.report_value(evaluate, report, contract.ACCURACY_PATH)
+        gated = self.report_value(evaluate, report, contract.GATE_METRICS[self.cfg.evaluation.gate_metric])
         return ConditionStep(
             name=contract.ACCURACY_GATE,
-            conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=self.parameters.accuracy_threshold)],
+            conditions=[ConditionGreaterThanOrEqualTo(left=gated, right=self.parameters.accuracy_threshold)],
             if_steps=[register],
             else_steps=[too_low],
         )
@@ -295,6 +295,7 @@ class Steps(StepParts):
                     "code_sha256": bundles()["training"].sha256,
                     "data_source": self.parameters.input_data,
                     "accuracy": self.report_value(evaluate, report, contract.ACCURACY_PATH).to_string(),
+                    "macro_f1": self.report_value(evaluate, report, contract.GATE_METRICS["macro_f1"]).to_string(),
                     "label_count": self.report_value(evaluate, report, contract.LABEL_COUNT_PATH).to_string(),
                     "label_digest": self.report_value(evaluate, report, contract.LABEL_DIGEST_PATH),
                     "training_job": train.properties.TrainingJobName,
@@ -309,9 +310,11 @@ class Steps(StepParts):
         from sagemaker.core.workflow import Join
         from sagemaker.mlops.workflow.fail_step import FailStep
 
-        accuracy = self.report_value(evaluate, report, contract.ACCURACY_PATH)
+        metric = self.cfg.evaluation.gate_metric
+        gated = self.report_value(evaluate, report, contract.GATE_METRICS[metric])
         return FailStep(name=contract.ACCURACY_TOO_LOW, error_message=Join(on=" ", values=[
-            "Accuracy", accuracy, "is below the threshold", self.parameters.accuracy_threshold,
+            {"accuracy": "Accuracy", "macro_f1": "Macro-F1"}[metric], gated, "is below the threshold",
+            self.parameters.accuracy_threshold,
             "- the model was not registered.",
         ]))
 

@@ -69,6 +69,7 @@ REPORT_FILE = "evaluation.json"
 PROPERTY_FILE = "EvaluationReport"
 SAMPLE_FILE = "endpoint_sample.jsonl"  # beside the report: labelled test rows as text, for the endpoint test
 ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
+GATE_METRICS = {"accuracy": ACCURACY_PATH, "macro_f1": "classification.macro_f1.value"}  # evaluation.gate_metric
 LABEL_COUNT_PATH = "labels.count"  # the model's classes: how many, and a digest of their names (the registry's
 LABEL_DIGEST_PATH = "labels.digest"  # metadata holds both; the names live in the artifact's config.json)
 QUANTIZE_PATH = "inference.quantize"

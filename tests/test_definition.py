@@ -206,6 +206,17 @@ def test_accuracy_gate_compares_the_evaluation_report_with_the_threshold(steps):
     assert condition["LeftValue"] in message and {"Get": "Parameters.AccuracyThreshold"} in message
 
 
+def test_the_gate_can_take_macro_f1_and_says_so_when_it_fails():
+    dag = json.loads(definition(load_config(ROOT / "pipeline.yaml", ["evaluation.gate_metric=macro_f1"], environ={})))
+    found = flatten_steps(dag["Steps"])
+    (condition,) = found["AccuracyGate"]["Arguments"]["Conditions"]
+    assert condition["LeftValue"]["Std:JsonGet"]["Path"] == "classification.macro_f1.value"
+    message = found["AccuracyTooLow"]["Arguments"]["ErrorMessage"]["Std:Join"]["Values"]
+    assert message[:2] == ["Macro-F1", condition["LeftValue"]]
+    with pytest.raises(ConfigError, match="evaluation.gate_metric"):
+        load_config(ROOT / "pipeline.yaml", ["evaluation.gate_metric=f1"], environ={})
+
+
 def test_register_and_deploy(steps):
     register = steps["RegisterModel"]["Arguments"]
     assert register["ModelPackageGroupName"] == "trainium-bert"

@@ -498,3 +498,25 @@ def test_bad_inputs_fail_with_messages(model_dir: Path, tmp_path: Path,
     (tmp_path / "bad-test").mkdir()
     (tmp_path / "bad-test" / "part-00000.parquet").write_bytes(b"garbage")
     fails(model_dir, tmp_path / "bad-test", "cannot read", "part-00000.parquet")
+
+
+def test_classification_metrics_for_any_number_of_classes():
+    """Three classes worked by hand: accuracy 6/9; per class P/R/F1 from the confusion matrix; macro-F1 their mean."""
+    labels = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    predictions = np.array([0, 0, 1, 1, 1, 2, 2, 0, 2])
+    metrics = quality.classification_metrics(labels, predictions, ["billing", "technical", "sales"])
+    assert metrics["confusion_matrix"] == {"billing": {"billing": 2, "technical": 1, "sales": 0},
+                                           "technical": {"billing": 0, "technical": 2, "sales": 1},
+                                           "sales": {"billing": 1, "technical": 0, "sales": 2}}
+    assert metrics["accuracy"]["value"] == pytest.approx(6 / 9)
+    for name in ("billing", "technical", "sales"):  # each class: 2 of 3 right, 2 of 3 predictions right
+        per = metrics["per_class"][name]
+        assert (per["precision"]["value"], per["recall"]["value"], per["support"]) == (
+            pytest.approx(2 / 3), pytest.approx(2 / 3), 3)
+        assert per["f1"]["value"] == pytest.approx(2 / 3)
+    assert metrics["macro_f1"]["value"] == pytest.approx(2 / 3)
+    assert metrics["accuracy"]["standard_deviation"] != metrics["accuracy"]["standard_deviation"]  # NaN: 9 rows
+    skewed = quality.classification_metrics(np.array([0] * 300 + [1] * 10), np.zeros(310, int), ["a", "b"])
+    assert skewed["accuracy"]["value"] == pytest.approx(300 / 310)
+    assert skewed["macro_f1"]["value"] == pytest.approx((2 * 300 / 610 + 0.0) / 2)  # the missed class counts
+    assert 0 < skewed["macro_f1"]["standard_deviation"] < 0.05

@@ -99,6 +99,9 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     outputs = execution.steps["Evaluate"].properties["ProcessingOutputConfig"]["Outputs"]
     report = json.loads((account.s3.path(outputs["evaluation"]["S3Output"]["S3Uri"]) / "evaluation.json").read_text())
     accuracy = report["binary_classification_metrics"]["accuracy"]["value"]
+    classification = report["classification"]  # by label name, for the gate's macro-F1
+    assert classification["accuracy"]["value"] == accuracy and 0 < classification["macro_f1"]["value"] <= 1
+    assert sum(c["support"] for c in classification["per_class"].values()) == TEST_ROWS
     assert accuracy >= BETTER_THAN_CHANCE, report["binary_classification_metrics"]
     # The gate's accuracy is that of the whole test split, from the Train step's predictions in the artifact;
     # only a sample is scored again on CPU.

@@ -142,6 +142,7 @@ class ProcessingResources(Section):
 
 class Evaluation(ProcessingResources):
     accuracy_threshold: float = Field(default=0.85, ge=0, le=1)
+    gate_metric: Literal["accuracy", "macro_f1"] = "accuracy"  # what AccuracyThreshold gates (steps/contract.py)
     sample_size: int = Field(default=4000, ge=1)
     min_agreement: float = Field(default=0.99, ge=0, le=1)
     int8: bool = True

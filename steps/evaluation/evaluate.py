@@ -329,6 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result = {
         "version": 0.0,
         "binary_classification_metrics": metrics,
+        "classification": quality.classification_metrics(labels, (margins > 0).astype(np.int64), names, args.seed),
         "labels": {"names": names, "count": len(names),
                    "digest": hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]},
         "dataset": {"rows": len(labels), "positives": int(labels.sum()), "predictions": source},

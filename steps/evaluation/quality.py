@@ -134,6 +134,47 @@ def binary_classification_metrics(labels: np.ndarray, margins: np.ndarray, seed:
     return metrics
 
 
+def classification_metrics(labels: np.ndarray, predictions: np.ndarray, names: list[str], seed: int = 0
+                           ) -> dict[str, Any]:
+    """Accuracy, macro-F1 and each class's precision, recall, F1 and support, with the confusion matrix (by name,
+    actual -> predicted), for any number of classes: the gate's metrics (`evaluation.gate_metric`). Standard
+    deviations as for the binary metrics: a seeded multinomial bootstrap of the confusion matrix."""
+    k = len(names)
+    cm = np.zeros((k, k), np.int64)
+    np.add.at(cm, (labels.astype(np.int64), predictions.astype(np.int64)), 1)
+    n = int(cm.sum())
+    draws = np.random.default_rng(seed).multinomial(n, cm.ravel() / max(n, 1), size=BOOTSTRAP_RESAMPLES)
+
+    def scores(m: np.ndarray) -> dict[str, np.ndarray]:
+        """accuracy, macro_f1 and per class precision / recall / f1 of confusion matrices m[..., actual, predicted]."""
+        hits = np.diagonal(m, axis1=-2, axis2=-1).astype(float)
+        predicted, actual = m.sum(axis=-2), m.sum(axis=-1)
+        precision = np.divide(hits, predicted, out=np.zeros_like(hits), where=predicted > 0)
+        recall = np.divide(hits, actual, out=np.zeros_like(hits), where=actual > 0)
+        f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros_like(hits),
+                       where=precision + recall > 0)
+        total = m.sum(axis=(-2, -1))
+        accuracy = np.divide(hits.sum(axis=-1), total, out=np.zeros_like(total, dtype=float), where=total > 0)
+        return {"accuracy": accuracy, "macro_f1": f1.mean(axis=-1), "precision": precision, "recall": recall,
+                "f1": f1}
+
+    values, spread = scores(cm), scores(draws.reshape(-1, k, k))
+    enough = n >= MIN_ROWS_FOR_DEVIATION
+
+    def metric(name: str, index: int | None = None) -> dict[str, float]:
+        value, draws_ = (values[name], spread[name]) if index is None else (values[name][index],
+                                                                            spread[name][:, index])
+        return {"value": float(value), "standard_deviation": float(draws_.std()) if enough else NAN}
+
+    return {
+        "accuracy": metric("accuracy"),
+        "macro_f1": metric("macro_f1"),
+        "per_class": {name: {"precision": metric("precision", i), "recall": metric("recall", i),
+                             "f1": metric("f1", i), "support": int(cm[i].sum())} for i, name in enumerate(names)},
+        "confusion_matrix": {a: {p: int(cm[i, j]) for j, p in enumerate(names)} for i, a in enumerate(names)},
+    }
+
+
 def wilson_interval(successes: int, n: int) -> tuple[float, float]:
     """95% Wilson score interval of a proportion."""
     if n == 0:
