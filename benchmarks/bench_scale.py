@@ -141,8 +141,10 @@ def measure_evaluate(ev, quality, inference, model_dir: Path, test_rows: int, sa
     test, labels = synthetic_test_split(scratch / "test", test_rows)
     margins = np.random.default_rng(1).normal(labels * 4.0 - 2.0, 2.0).astype(np.float32)
     (model_dir / "predictions").mkdir(exist_ok=True)
+    logits = np.stack([np.zeros_like(margins), margins], axis=1).ravel()
     pq.write_table(pa.table({"label": pa.array(labels), "prediction": pa.array((margins > 0).astype(np.int8)),
-                             "margin": pa.array(margins)}), model_dir / "predictions" / "test.parquet")
+                             "logits": pa.FixedSizeListArray.from_arrays(pa.array(logits), 2)}),
+                   model_dir / "predictions" / "test.parquet")
     start = time.perf_counter()
     table = ev.read_split(test)
     read = ev.read_predictions(model_dir, table["label"].to_numpy().astype(np.int64))

@@ -68,7 +68,8 @@ EVALUATION_OUTPUT = "evaluation"
 REPORT_FILE = "evaluation.json"
 PROPERTY_FILE = "EvaluationReport"
 SAMPLE_FILE = "endpoint_sample.jsonl"  # beside the report: labelled test rows as text, for the endpoint test
-ACCURACY_PATH = "binary_classification_metrics.accuracy.value"
+ACCURACY_PATH = "classification.accuracy.value"  # any number of classes
+BINARY_ACCURACY_PATH = "binary_classification_metrics.accuracy.value"  # where a report of an earlier Evaluate has it
 GATE_METRICS = {"accuracy": ACCURACY_PATH, "macro_f1": "classification.macro_f1.value"}  # evaluation.gate_metric
 LABEL_COUNT_PATH = "labels.count"  # the model's classes: how many, and a digest of their names (the registry's
 LABEL_DIGEST_PATH = "labels.digest"  # metadata holds both; the names live in the artifact's config.json)
@@ -80,11 +81,15 @@ SERVING_DIR = f"{PROCESSING}/serving"
 
 
 def report_accuracy(report: dict | None) -> float | None:
-    """The accuracy an evaluation report holds at ACCURACY_PATH (what the gate reads), None where it has none."""
-    value = report
-    for key in ACCURACY_PATH.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """The accuracy an evaluation report holds at ACCURACY_PATH (what the gate reads; an earlier report's at
+    BINARY_ACCURACY_PATH), None where it has none."""
+    for path in (ACCURACY_PATH, BINARY_ACCURACY_PATH):
+        value = report
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
 
 # The training job: log lines -> metrics, files it writes, and where SageMaker puts them
 METRIC_DEFINITIONS = (

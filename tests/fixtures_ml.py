@@ -77,7 +77,7 @@ def run_overrides(model: Path, rows: int, max_steps: int, *more: str) -> list[st
 
 
 def build_model(
-    folder: Path, tokenizer_dir: Path, seed: int = 0, labels: tuple[str, str] = ("negative", "positive")
+    folder: Path, tokenizer_dir: Path, seed: int = 0, labels: tuple[str, ...] = ("negative", "positive")
 ) -> Path:
     """A random BertForSequenceClassification (hidden 32, 2 layers) saved with the tokenizer."""
     import torch
@@ -85,7 +85,7 @@ def build_model(
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, num_labels=2, pad_token_id=0,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=len(labels), pad_token_id=0,
                         id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
     torch.manual_seed(seed)
     model = BertForSequenceClassification(config).eval()
@@ -125,7 +125,8 @@ def build_split_model(
 
 
 def write_tokenized(folder: Path, input_ids: list[list[int]], token_type_ids: list[list[int]], labels: list[int],
-                    shards: int = 2, texts: list[tuple[str | None, str]] | None = None) -> Path:
+                    shards: int = 2, texts: list[tuple[str | None, str]] | None = None,
+                    names: tuple[str, ...] = ("negative", "positive")) -> Path:
     """A tokenized split written by preprocess.py's own SplitWriter and schema, rows in order over `shards` files;
     with `texts` (title, content) per row, a test split as the Tokenize step writes it."""
     import numpy as np
@@ -141,7 +142,7 @@ def write_tokenized(folder: Path, input_ids: list[list[int]], token_type_ids: li
     table = pa.table(columns, schema=schema)
     longest = max((len(ids) for ids in input_ids), default=1)
     writer = pre.SplitWriter(folder, longest, rows_per_shard=max(1, -(-len(labels) // shards)), schema=schema,
-                             names=["negative", "positive"])
+                             names=list(names))
     writer.write(table, np.zeros(len(labels), bool))
     writer.close()
     return folder

@@ -297,8 +297,8 @@ def test_the_file_is_utf8_whatever_the_locale(tmp_path):
     ("data.source=s3://my-bucket/data,v2/", "data.source='s3://my-bucket/data,v2/': expected at most 256 characters"),
     ("deploy.endpoint_name=" + "e" * 56, "expected at most 55 characters, so that the staging endpoint"),
     ("deploy.endpoint_name=a" + "-" * 62 + "b", "expected at most 63 characters"),
-    ("data.labels=[a, b, c]", "data.labels=['a', 'b', 'c']: expected two different label names in id order"),
-    ("data.labels=[Spam, spam]", "data.labels=['Spam', 'spam']: expected two different label names"),
+    ("data.labels=[spam]", "data.labels=['spam']: expected two or more different label names in id order"),
+    ("data.labels=[Spam, spam]", "data.labels=['Spam', 'spam']: expected two or more different label names"),
     ("data.text_columns=[body, Body]", "data.text_columns=['body', 'Body']: expected one text column or a pair"),
     ("data.text_columns=[a, b, c]", "data.text_columns"),
 ])

@@ -197,7 +197,7 @@ def test_accuracy_gate_compares_the_evaluation_report_with_the_threshold(steps):
     assert condition["Type"] == "GreaterThanOrEqualTo"
     assert condition["LeftValue"] == {
         "Std:JsonGet": {
-            "Path": "binary_classification_metrics.accuracy.value",
+            "Path": "classification.accuracy.value",
             "PropertyFile": {"Get": "Steps.Evaluate.PropertyFiles.EvaluationReport"},
         }
     }

@@ -54,9 +54,11 @@ def tarball(folder: Path, dest: Path) -> Path:
 Row = tuple[list[int], list[int], int]
 
 
-def write_split(folder: Path, rows: list[Row], shards: int = 2) -> Path:
+def write_split(folder: Path, rows: list[Row], shards: int = 2, names: tuple[str, ...] = ("negative", "positive")
+                ) -> Path:
     """Parquet shards written by preprocess.py's own writer, rows in order."""
-    return write_tokenized(folder, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], shards)
+    return write_tokenized(folder, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], shards,
+                           names=names)
 
 
 def random_rows(n: int, seed: int = 0, labels: list[int] | None = None) -> list[Row]:
@@ -163,14 +165,15 @@ def test_cli_on_model_tarball_matches_row_by_row_predictions(model_dir: Path, tm
     fn, tn = int(((preds == 0) & (labels == 1)).sum()), int(((preds == 0) & (labels == 0)).sum())
     assert 0 < tp + fp < 40, "the random model should predict both classes for a meaningful test"
 
-    assert set(result) == {"version", "binary_classification_metrics", "labels", "dataset", "check", "inference",
-                           "seconds", "tracking"}
+    assert set(result) == {"version", "binary_classification_metrics", "classification", "labels", "dataset", "check",
+                           "inference", "seconds", "tracking"}
     assert result["labels"] == {"names": ["negative", "positive"], "count": 2, "digest": "af627d94d1fc9a77"}
     assert result["tracking"] == {"run_id": "none", "experiment": "trainium-bert"}  # no MLflow environment: untracked
     metrics = result["binary_classification_metrics"]
     for name in ("accuracy", "precision", "recall", "f1", "auc", "true_positive_rate", "false_positive_rate"):
         assert isinstance(metrics[name]["value"], float) and metrics[name]["standard_deviation"] == "NaN"  # 40 rows
-    assert result["dataset"] == {"rows": 40, "positives": int(labels.sum()), "predictions": "this step (cpu)"}
+    assert result["dataset"] == {"rows": 40, "positives": int(labels.sum()), "predictions": "this step (cpu)",
+                                 "per_class": {"negative": 40 - int(labels.sum()), "positive": int(labels.sum())}}
     assert metrics["accuracy"]["value"] == pytest.approx((tp + tn) / 40, abs=1e-12)
     precision, recall = tp / (tp + fp), (tp / (tp + fn) if tp + fn else 0.0)
     assert metrics["precision"]["value"] == pytest.approx(precision)
@@ -520,3 +523,39 @@ def test_classification_metrics_for_any_number_of_classes():
     assert skewed["accuracy"]["value"] == pytest.approx(300 / 310)
     assert skewed["macro_f1"]["value"] == pytest.approx((2 * 300 / 610 + 0.0) / 2)  # the missed class counts
     assert 0 < skewed["macro_f1"]["standard_deviation"] < 0.05
+
+
+def test_three_classes_get_the_multiclass_layout_and_per_class_metrics(tmp_path: Path) -> None:
+    """A 3-class model, scored here on CPU: Model Monitor's multiclass layout (no binary one), the classification
+    section by name, the CPU check and the int8 decision on argmax, the endpoint sample by name."""
+    names = ("billing", "technical", "sales")
+    rows = random_rows(60, seed=5, labels=[i % 3 for i in range(60)])
+    model = add_serving_code(build_model(tmp_path / "model", build_tokenizer(tmp_path / "tok"), seed=2, labels=names))
+    result = evaluate(model, write_split(tmp_path / "test", rows, names=names), tmp_path / "eval")
+    assert "binary_classification_metrics" not in result and result["labels"]["count"] == 3
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    loaded = AutoModelForSequenceClassification.from_pretrained(str(model)).eval()
+    with torch.inference_mode():
+        expected = np.array([int(loaded(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types]))
+                                 .logits[0].argmax()) for ids, types, _ in rows])
+    labels = np.array([r[2] for r in rows])
+    classification = result["classification"]
+    assert classification["accuracy"]["value"] == pytest.approx(float((expected == labels).mean()))
+    assert list(classification["per_class"]) == list(names)
+    assert [c["support"] for c in classification["per_class"].values()] == [20, 20, 20]
+    multiclass = result["multiclass_classification_metrics"]
+    assert multiclass["accuracy"] == classification["accuracy"]
+    assert multiclass["accuracy_best_constant_classifier"]["value"] == pytest.approx(1 / 3)
+    assert sum(sum(row.values()) for row in multiclass["confusion_matrix"].values()) == 60
+    assert result["dataset"]["per_class"] == dict.fromkeys(names, 20) and "positives" not in result["dataset"]
+    assert result["check"]["agreement"] == 1.0
+
+
+def test_a_split_with_more_classes_than_the_model_is_refused(model_dir: Path, tmp_path: Path, capsys) -> None:
+    test = write_split(tmp_path / "test", random_rows(9, labels=[i % 3 for i in range(9)]), names=("a", "b", "c"))
+    argv = [*step_arguments("Evaluate"), "--model-dir", str(model_dir), "--test-dir", str(test), "--output-dir",
+            str(tmp_path / "out"), "--serving-dir", str(tmp_path / "serving"), "--no-onnx"]
+    assert ev.main(argv) == 1
+    assert "label ids [0, 1, 2], where the model has 2 classes (negative, positive)" in capsys.readouterr().err

@@ -108,7 +108,9 @@ def test_run_local_registers_deploys_and_serves(setup, capsys):
     with tarfile.open(account.s3.path(execution.steps["Train"].properties["ModelArtifacts"]["S3ModelArtifacts"])) as t:
         predictions = pq.read_table(t.extractfile("predictions/test.parquet")).to_pydict()
     test_rows = len(predictions["label"])
-    assert report["dataset"] == {"rows": test_rows, "positives": sum(predictions["label"]), "predictions": "train step"}
+    positives = sum(predictions["label"])
+    assert report["dataset"] == {"rows": test_rows, "positives": positives, "predictions": "train step",
+                                 "per_class": {"negative": test_rows - positives, "positive": positives}}
     assert test_rows == TEST_ROWS and report["check"]["sample_size"] == 10 and report["check"]["passed"]
     assert sum(predictions["label"]) == TEST_ROWS // 2  # balanced: always guessing one label scores 0.5
     whole = sum(p == label for p, label in zip(predictions["prediction"], predictions["label"], strict=True))

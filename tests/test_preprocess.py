@@ -582,15 +582,22 @@ def test_given_labels_take_names_or_indices_and_count_the_rest_as_bad_rows(tok_d
     assert read(tmp_path / "out", "train")["token_type_ids"].to_pylist()[0] == [0, 0, 0, 0]  # one text, no pair
 
 
-def test_more_than_two_classes_are_refused_before_tokenizing(tok_dir: Path, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture) -> None:
-    folder = own_data(tmp_path / "in", [f"{i % 3 + 1},t {i},b {i}" for i in range(30)], ["1,a,b"])
-    argv = [*step_arguments("Tokenize"), "--source", str(folder), "--model-id", str(tok_dir), "--label-column",
+def test_any_number_of_classes_and_a_single_one_refused(tok_dir: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    stars = own_data(tmp_path / "in", [f"{i % 5 + 1},t {i},b {i}" for i in range(100)], ["5,a,b", "1,c,d"])
+    stats = run(tok_dir, stars, tmp_path / "out", "--label-column", "category", "--text-columns",
+                '["subject", "body"]', "--labels", "null", "--validation-share", "0.2")
+    assert stats["labels"] == ["1", "2", "3", "4", "5"]  # star ratings, sorted as numbers
+    assert stats["output"]["validation"]["labels"] == dict.fromkeys(["1", "2", "3", "4", "5"], 4)
+    assert stats["output"]["test"]["labels"] == {"1": 1, "2": 0, "3": 0, "4": 0, "5": 1}
+    assert read(tmp_path / "out", "test")["label"].to_pylist() == [4, 0]
+    one = own_data(tmp_path / "one", [f"spam,t {i},b {i}" for i in range(10)], ["spam,a,b"])
+    argv = [*step_arguments("Tokenize"), "--source", str(one), "--model-id", str(tok_dir), "--label-column",
             "category", "--text-columns", '["subject", "body"]', "--labels", "null",
             "--output-dir", str(tmp_path / "o")]
     assert pre.main(argv) == 1
     err = capsys.readouterr().err
-    assert "the train split's labels: 3 label(s) (1, 2, 3): this release trains two classes" in err, err
+    assert "the train split's labels: ['spam']: a classifier needs two or more classes" in err, err
     assert not (tmp_path / "o" / "train").exists()
 
 

@@ -61,7 +61,8 @@ def test_rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[int]]
     split = pq.read_table(sorted(folder.glob("*.parquet"))).to_pydict()
     predictions = pq.read_table(Path(ARTIFACT) / "predictions" / "test.parquet").to_pydict()
     assert predictions["label"] == split["label"], "test_train_xla.py's split changed: update XLA_TEST_SPLIT"
-    return split["input_ids"], split["token_type_ids"], np.array(predictions["margin"], np.float32)
+    logits = np.array(predictions["logits"], np.float32)  # two classes: the margin is logit 1 - logit 0
+    return split["input_ids"], split["token_type_ids"], logits[:, 1] - logits[:, 0]
 
 
 @pytest.mark.parametrize("variant", ["torch/none", "onnxruntime/none", "onnxruntime/int8"])

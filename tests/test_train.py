@@ -251,7 +251,7 @@ def test_test_predictions_cover_the_whole_test_split(workspace, runs):
     predictions = pq.read_table(out / "model" / "predictions" / "test.parquet").to_pydict()
     test = load_train_module().TokenizedSplit(str(workspace / "data" / "test"), 64)
     assert predictions["label"] == test.labels.tolist()  # every row, in the split's file order
-    assert predictions["prediction"] == [int(m > 0) for m in predictions["margin"]]
+    assert predictions["prediction"] == [int(np.argmax(logits)) for logits in predictions["logits"]]
     accuracy = float(np.mean(np.array(predictions["prediction"]) == test.labels))
     logged = float(re.search(r"^test_accuracy=([0-9.]+)$", runs["reference"], re.M).group(1))
     assert accuracy == pytest.approx(logged, abs=5e-5)

@@ -221,3 +221,27 @@ def test_the_model_names_its_classes_as_the_shards_do(train, tmp_path):
     rt = train.Runtime(torch.device("cpu"), "cpu", 0, 1, distributed=False, bf16=False, compile=False)
     model = train.load_model(str(make_tiny_model(tmp_path / "model")), rt, seed=0, names=split.names)
     assert model.config.id2label == {0: "ham", 1: "spam"} and model.config.label2id == {"ham": 0, "spam": 1}
+
+
+def test_three_classes_are_scored_by_their_logits_and_written_for_evaluate(train, tmp_path):
+    """Any number of classes: each row's logits (one per class), accuracy by argmax, and the predictions file that
+    Evaluate reads (its label, prediction and logits)."""
+    from steps.evaluation import evaluate as ev
+    from steps.tokenize import preprocess as pre
+
+    names = ["billing", "technical", "sales"]
+    writer = pre.SplitWriter(tmp_path / "test", 16, names=names)
+    ids = [[2, 5 + i % 7, 9 + i % 5, 3] for i in range(12)]
+    writer.write(pa.table({"input_ids": ids, "token_type_ids": [[0] * 4] * 12, "label": [i % 3 for i in range(12)],
+                           "length": [4] * 12}, schema=pre.SCHEMA), np.zeros(12, bool))
+    writer.close()
+    split = train.TokenizedSplit(str(tmp_path / "test"), 16)
+    rt = train.Runtime(torch.device("cpu"), "cpu", 0, 1, distributed=False, bf16=False, compile=False)
+    model = train.load_model(str(make_tiny_model(tmp_path / "model")), rt, seed=0, names=split.names)
+    args = train.parse_args([*config_arguments(), "--model-id", "m", "--batch-size", "5"])
+    accuracy, logits = train.score_splits(args, rt, model, {"test": split, "validation": None}, workers=0)
+    assert logits["test"].shape == (12, 3) and accuracy["validation"] is None
+    assert accuracy["test"] == pytest.approx(float(np.mean(logits["test"].argmax(axis=1) == split.labels)))
+    train.write_predictions(tmp_path / "predictions" / "test.parquet", split, logits["test"])
+    read = ev.read_predictions(tmp_path, split.labels.astype(np.int64))
+    np.testing.assert_allclose(read, logits["test"], rtol=1e-6)

@@ -39,8 +39,8 @@ stats report the steady-state rate of the later intervals (none for a run of one
 warm-up took beyond that rate separately, plus the model FLOP rate counted from each row's real length (model_flops
 below); the loop's wall time leaves out the scoring after it (scoring_s).
 
-Scoring. At the end, every rank scores its share of the validation and test splits; the per-row margins
-(logit positive - logit negative) are summed across ranks, so rank 0 holds the whole split. The test split's
+Scoring. At the end, every rank scores its share of the validation and test splits; the per-row logits (one per
+class) are summed across ranks, so rank 0 holds the whole split. The test split's
 predictions go into the model artifact (predictions/test.parquet, rows in the split's file order), from which
 the Evaluate step takes the whole-test-split metrics without scoring 400k reviews on a CPU.
 
@@ -515,7 +515,8 @@ def load_model(model_id: str, rt: Runtime, seed: int, names: list[str]) -> torch
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_pretrained(
         model_id, num_labels=len(names), id2label=dict(enumerate(names)),
-        label2id={name: i for i, name in enumerate(names)}, **attention
+        label2id={name: i for i, name in enumerate(names)}, ignore_mismatched_sizes=True,  # a head of other classes
+        **attention
     )
     model.config.problem_type = "single_label_classification"
     model.to(rt.device)
@@ -690,32 +691,33 @@ def score(
     rt: Runtime, model: torch.nn.Module, split: TokenizedSplit, batches: list[np.ndarray], rows: int | None,
     workers: int,
 ) -> np.ndarray:
-    """Margin (logit positive - logit negative) of every row of `split` that `batches` names on any rank; each
-    rank scores its own batches and the margins are summed across ranks (rows no rank scored stay 0)."""
+    """The logits (rows x classes) of every row of `split` that `batches` names on any rank; each rank scores its
+    own batches and the logits are summed across ranks (rows no rank scored stay 0)."""
     model.eval()
     loader, _ = make_loader(rt, split, batches, rows, workers)
-    margins = []
+    scored = []
     with torch.no_grad(), rt.autocast():
         for batch in loader:
             padded = has_padding(rt, batch)
             batch = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
-            logits = forward(rt, model, batch, padded).float()
-            margins.append(logits[:, 1] - logits[:, 0])  # stays on the device: no host sync per batch
+            scored.append(forward(rt, model, batch, padded).float())  # stays on the device: no host sync per batch
     rt.mark_step()
-    full = np.zeros(len(split), np.float32)
-    for rows_of_batch, margin in zip(batches, margins, strict=True):
-        full[rows_of_batch] = margin.cpu().numpy()[: len(rows_of_batch)]
+    full = np.zeros((len(split), len(split.names)), np.float32)
+    for rows_of_batch, logits in zip(batches, scored, strict=True):
+        full[rows_of_batch] = logits.cpu().numpy()[: len(rows_of_batch)]
     return rt.all_reduce_sum(full)
 
 
-def write_predictions(path: Path, split: TokenizedSplit, margins: np.ndarray) -> None:
-    """The test split's labels, predicted labels and margins, one row per test row in the split's order."""
+def write_predictions(path: Path, split: TokenizedSplit, logits: np.ndarray) -> None:
+    """The test split's labels, predicted labels and logits (one per class), one row per test row in the split's
+    order."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    classes = logits.shape[1]
     table = pa.table(
         {
-            "label": pa.array(split.labels.astype(np.int8)),
-            "prediction": pa.array((margins > 0).astype(np.int8)),
-            "margin": pa.array(margins.astype(np.float32)),
+            "label": pa.array(split.labels.astype(np.int32)),
+            "prediction": pa.array(logits.argmax(axis=1).astype(np.int32)),
+            "logits": pa.FixedSizeListArray.from_arrays(pa.array(logits.astype(np.float32).ravel()), classes),
         }
     )
     pq.write_table(table, path)
@@ -1052,7 +1054,7 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
     the real run over one accumulation cycle per length bucket (see bucket_probes), then for each split in `scored`
     one evaluation batch per length bucket it fills, the bucket of this rank's first evaluation batch first (the
     first batch's graph holds more than the forward pass) and again at the end (its plain graph), and the all-reduce
-    of its margins (the split's real size), and the token counts' all-reduce. No checkpoint, no model saved. The
+    of its logits (the split's real size), and the token counts' all-reduce. No checkpoint, no model saved. The
     stats of the run."""
     first = train_batches(train.lengths, args.batch_size, args.seed, 0, rt.rank, rt.world_size)[0]
     probes = bucket_probes(train, buckets, args.batch_size, first)
@@ -1081,18 +1083,18 @@ def precompile(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module, op
 def score_splits(args: argparse.Namespace, rt: Runtime, model: torch.nn.Module,
                  splits: dict[str, TokenizedSplit | None], workers: int
                  ) -> tuple[dict[str, float | None], dict[str, np.ndarray]]:
-    """Each split's accuracy (None where there is no split) and margins, every rank scoring its share."""
+    """Each split's accuracy (None where there is no split) and logits, every rank scoring its share."""
     rows = args.batch_size if rt.fixed_shapes else None
     accuracy: dict[str, float | None] = dict.fromkeys(splits)
-    margins: dict[str, np.ndarray] = {}
+    logits: dict[str, np.ndarray] = {}
     for name, split in splits.items():
         if split is None:
             continue
         batches = eval_batches(split.lengths, args.batch_size, rt.rank, rt.world_size)
-        margins[name] = score(rt, model, split, batches, rows, workers)
-        accuracy[name] = float(np.mean((margins[name] > 0) == (split.labels == 1)))
+        logits[name] = score(rt, model, split, batches, rows, workers)
+        accuracy[name] = float(np.mean(logits[name].argmax(axis=1) == split.labels))
         rt.log(f"{name}_accuracy={accuracy[name]:.4f}")
-    return accuracy, margins
+    return accuracy, logits
 
 
 def run_stats(rt: Runtime, walked: Walked, throughput: Throughput, resumed_from: int, scoring_s: float,
@@ -1197,15 +1199,15 @@ def main(argv: list[str] | None = None) -> None:
 
     # scoring, the stats, the artifacts
     scoring_started = time.time()
-    accuracy, margins = score_splits(args, rt, raw_model, splits, workers)
+    accuracy, logits = score_splits(args, rt, raw_model, splits, workers)
     test = splits["test"]
     stats = run_stats(rt, walked, throughput, resumed_from, time.time() - scoring_started, accuracy,
                       len(test) if test is not None else None, buckets)
     write_stats(rt, args.output_data_dir, stats)
     if rt.master:
         save_model(raw_model.to("cpu"), args.model_id, Path(args.model_dir), args.max_length)
-        if "test" in margins:
-            write_predictions(Path(args.model_dir) / PREDICTIONS_FILE, test, margins["test"])
+        if "test" in logits:
+            write_predictions(Path(args.model_dir) / PREDICTIONS_FILE, test, logits["test"])
         rt.log(f"saved model to {args.model_dir}")
         track(args, rt, stats)
         mark_training(checkpoint_dir, "finished")

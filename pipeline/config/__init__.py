@@ -100,10 +100,9 @@ class Data(Section):
         if v is None:
             return v
         names = [str(name).strip() for name in v]
-        if len(names) != 2 or not all(names) or len({name.lower() for name in names}) < len(names):
-            raise ValueError(f"data.labels={v!r}: expected two different label names in id order, e.g. "
-                             "[negative, positive] (this release trains two classes), or null for the train "
-                             "split's labels")
+        if len(names) < 2 or not all(names) or len({name.lower() for name in names}) < len(names):
+            raise ValueError(f"data.labels={v!r}: expected two or more different label names in id order, e.g. "
+                             "[negative, positive], or null for the train split's labels")
         return names
 
     @property

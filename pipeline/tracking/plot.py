@@ -11,7 +11,7 @@ PLOT_FILE = "summary.png"
 def write_summary_plot(path: Path, stats: dict | None, report: dict | None, title: str) -> Path | None:
     """Draw what `stats` and `report` hold into `path` (None, and nothing written, when they hold neither)."""
     intervals = (stats or {}).get("intervals") or []
-    matrix = ((report or {}).get("binary_classification_metrics") or {}).get("confusion_matrix")
+    matrix = ((report or {}).get("classification") or {}).get("confusion_matrix")  # actual -> predicted, by name
     if not intervals and not matrix:
         return None
     import matplotlib
@@ -30,14 +30,15 @@ def write_summary_plot(path: Path, stats: dict | None, report: dict | None, titl
         speed.legend()
     speed.set(title="throughput", xlabel="optimizer step", ylabel="samples / s")
     if matrix:
-        cells = [[int(matrix[t][p]) for p in ("0", "1")] for t in ("0", "1")]
+        names = list(matrix)
+        cells = [[int(matrix[t][p]) for p in names] for t in names]
         confusion.imshow(cells, cmap="Blues")
-        for t in range(2):
-            for p in range(2):
+        for t in range(len(names)):
+            for p in range(len(names)):
                 confusion.text(p, t, f"{cells[t][p]:,}", ha="center", va="center")
+        ticks = list(range(len(names)))
         confusion.set(title="test split: confusion matrix", xlabel="predicted", ylabel="true",
-                      xticks=[0, 1], yticks=[0, 1], xticklabels=["negative", "positive"],
-                      yticklabels=["negative", "positive"])
+                      xticks=ticks, yticks=ticks, xticklabels=names, yticklabels=names)
     else:
         confusion.set_axis_off()
     fig.suptitle(title)

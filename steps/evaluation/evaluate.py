@@ -3,15 +3,17 @@
 Inputs: --model-dir (the Train step's model.tar.gz, or an extracted Hugging Face model folder) and --test-dir
 (the Parquet shards of preprocess.py).
 
+Any number of classes: the model's id2label names them; a prediction is the class of the largest logit.
+
 Whole split. train.py scores the test split on all training devices and ships `predictions/test.parquet` (label,
-prediction, margin per row, in the split's file order) inside the artifact; the metrics, and so the gate's accuracy,
+prediction, logits per row, in the split's file order) inside the artifact; the metrics, and so the gate's accuracy,
 are those of every test row. Scoring 400k reviews with bert-base on a CPU would take hours; reading them takes
 seconds. An artifact without that file (a model trained elsewhere) is scored here on CPU, every row.
 
 Check. A fixed stratified sample of --sample-size rows (seeded) is scored here on CPU in fp32 with the artifact's
 weights. The share of sampled rows on which it agrees with the Train step's predictions must be at least
---min-agreement (bf16 on the accelerator may flip a row whose margin is near 0), else the step fails: predictions
-that are not this model's on this test split never reach the gate.
+--min-agreement (bf16 on the accelerator may flip a row whose top two logits are close), else the step fails:
+predictions that are not this model's on this test split never reach the gate.
 
 Serving variant. The endpoint serves the fastest variant whose accuracy on the same sample stays within
 --int8-tolerance of fp32: the upper end of the 95% interval of the paired accuracy loss (fp32 - variant) must be at
@@ -29,8 +31,12 @@ Output OUTPUT/evaluation.json, in the model quality format SageMaker Studio show
     {"version": 0.0,
      "binary_classification_metrics": {"accuracy": {"value": 0.93, "standard_deviation": 0.0004}, "precision",
          "recall", "f1", "auc", ..., "confusion_matrix": {"0": {"0": tn, "1": fp}, "1": {"0": fn, "1": tp}},
-         "receiver_operating_characteristic_curve", "precision_recall_curve"},
-     "dataset": {"rows", "positives", "predictions": "train step" | "this step (cpu)"},
+         "receiver_operating_characteristic_curve", "precision_recall_curve"}  (two classes; more:
+     "multiclass_classification_metrics": {"confusion_matrix" by name, "accuracy", "weighted_precision", ...}),
+     "classification": {"accuracy", "macro_f1", "weighted_*", "per_class": {NAME: {"precision", "recall", "f1",
+         "support"}}, "confusion_matrix": {ACTUAL: {PREDICTED: n}}},
+     "labels": {"names", "count", "digest"},
+     "dataset": {"rows", "positives" (two classes), "per_class", "predictions": "train step" | "this step (cpu)"},
      "check": {"sample_size", "agreement", "agreement_ci95", "min_agreement", "disagreements", "passed"},
      "inference": {"runtime": "onnxruntime" | "torch", "quantize": "int8" | "none", "variant", "reason",
                    "accuracy", "accuracy_loss", "accuracy_loss_ci95", "p50_ms" (the chosen's, null for torch fp32),
@@ -102,8 +108,9 @@ def load_model(folder: Path, where: str) -> Any:
         model = AutoModelForSequenceClassification.from_pretrained(str(folder))
     except Exception as e:  # corrupt weights, bad config, missing files: all reported the same way
         raise StepError(f"cannot load the model from {where}: {type(e).__name__}: {e}") from e
-    if model.config.num_labels != 2:
-        raise StepError(f"{where}: expected a 2-label classifier, found num_labels={model.config.num_labels}")
+    if model.config.num_labels < 2:
+        raise StepError(f"{where}: expected a classifier of 2 or more labels, found num_labels="
+                        f"{model.config.num_labels}")
     return model.eval()
 
 
@@ -141,21 +148,20 @@ def read_split(test_dir: Path) -> pa.Table:
         tables.append(table)
     text = all(set(TEXT_COLUMNS) <= set(t.column_names) for t in tables)
     table = pa.concat_tables([t.select([*COLUMNS, *(TEXT_COLUMNS if text else ())]) for t in tables])
-    labels = table["label"].to_numpy()
     if len(table) == 0:
         raise StepError(f"test folder {test_dir} holds no rows")
-    if not np.isin(labels, (0, 1)).all():
-        raise StepError(f"test folder {test_dir}: labels must be 0 or 1, found {sorted(set(labels.tolist()))}")
     return table
 
 
 def read_predictions(folder: Path, labels: np.ndarray) -> np.ndarray | None:
-    """The Train step's margins of every test row, or None when the artifact has no predictions file."""
+    """The Train step's logits (rows x classes) of every test row, or None when the artifact has no predictions
+    file. An artifact of an earlier Train step holds binary margins (logit 1 - logit 0): as logits [0, margin]."""
     path = folder / PREDICTIONS_FILE
     if not path.is_file():
         return None
     try:
-        table = pq.read_table(path, columns=["label", "margin"])
+        table = pq.read_table(path)
+        scores = table["logits" if "logits" in table.column_names else "margin"]
     except (OSError, pa.ArrowException, KeyError) as e:
         raise StepError(f"cannot read {path}: {type(e).__name__}: {e}") from e
     if len(table) != len(labels) or not np.array_equal(table["label"].to_numpy(), labels):
@@ -163,7 +169,11 @@ def read_predictions(folder: Path, labels: np.ndarray) -> np.ndarray | None:
             f"{PREDICTIONS_FILE} of the model artifact ({len(table)} rows) does not match the test split "
             f"({len(labels)} rows, labels in file order): the model was scored on other data"
         )
-    return table["margin"].to_numpy().astype(np.float32)
+    if pa.types.is_floating(scores.type):
+        margins = scores.to_numpy().astype(np.float32)
+        return np.stack([np.zeros_like(margins), margins], axis=1)
+    flat = scores.combine_chunks()
+    return flat.values.to_numpy().astype(np.float32).reshape(len(flat), -1)
 
 
 def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -185,15 +195,15 @@ def torch_logits(model: Any) -> Any:
 
 
 def predict(forward: Any, table: pa.Table, batch_size: int, pad_id: int) -> np.ndarray:
-    """Margin (logit positive - logit negative) per row, batching rows of similar length to keep padding small.
-    `forward(input_ids, attention_mask, token_type_ids)` gives the logits of a batch (int64 arrays in)."""
+    """Logits (rows x classes), batching rows of similar length to keep padding small. `forward(input_ids,
+    attention_mask, token_type_ids)` gives the logits of a batch (int64 arrays in)."""
     offsets, ids = _flat(table["input_ids"])
     type_offsets, types = _flat(table["token_type_ids"])
     lengths = np.diff(offsets)
     if not np.array_equal(np.diff(type_offsets), lengths):
         raise StepError("token_type_ids and input_ids differ in length in some rows")
     order = np.argsort(lengths, kind="stable")
-    margins = np.empty(len(lengths), np.float32)
+    scores: np.ndarray | None = None
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         width = int(lengths[rows].max())
@@ -204,8 +214,10 @@ def predict(forward: Any, table: pa.Table, batch_size: int, pad_id: int) -> np.n
         token_types = np.zeros((len(rows), width), np.int64)
         token_types[mask] = types[(type_offsets[rows, None] + pos[None, :])[mask]]
         logits = np.asarray(forward(input_ids, mask.astype(np.int64), token_types), np.float32)
-        margins[rows] = logits[:, 1] - logits[:, 0]
-    return margins
+        if scores is None:
+            scores = np.zeros((len(lengths), logits.shape[1]), np.float32)
+        scores[rows] = logits
+    return scores if scores is not None else np.zeros((0, 2), np.float32)
 
 
 def stratified_sample(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
@@ -214,7 +226,7 @@ def stratified_sample(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
         return np.arange(len(labels))
     rng = np.random.default_rng(seed)
     picked = []
-    for label in (0, 1):
+    for label in np.unique(labels):
         rows = np.flatnonzero(labels == label)
         take = round(size * len(rows) / len(labels))
         picked.append(rng.choice(rows, size=min(take, len(rows)), replace=False))
@@ -230,8 +242,8 @@ def accuracy(predictions: np.ndarray, references: np.ndarray) -> float:
 
 
 def check(fp32: np.ndarray, train_step: np.ndarray, min_agreement: float, seed: int) -> dict[str, Any]:
-    """How often the CPU's fp32 predictions of the sample agree with the Train step's."""
-    agree, n = int(((fp32 > 0) == (train_step > 0)).sum()), len(fp32)
+    """How often the CPU's fp32 predictions (logits) of the sample agree with the Train step's."""
+    agree, n = int((fp32.argmax(axis=1) == train_step.argmax(axis=1)).sum()), len(fp32)
     return {
         "sample_size": n,
         "seed": seed,
@@ -267,7 +279,7 @@ def choose(scored: list[dict[str, Any]], fp32_correct: np.ndarray, tolerance: fl
             "sample_fp32_accuracy": float(fp32_correct.mean()), "tolerance": tolerance}
 
 
-def score_variants(args: argparse.Namespace, handler: Any, root: Path, rows: pa.Table, positive: np.ndarray,
+def score_variants(args: argparse.Namespace, handler: Any, root: Path, rows: pa.Table, labels: np.ndarray,
                    fp32_correct: np.ndarray, pad_id: int) -> tuple[list[dict], dict | None, list[str]]:
     """Score the candidates on the sample, fastest first, until one is within tolerance. Returns the scores, the
     ONNX build's facts, and notes on the variants that could not be tried."""
@@ -282,7 +294,7 @@ def score_variants(args: argparse.Namespace, handler: Any, root: Path, rows: pa.
         except Exception as e:  # an architecture the exporter does not handle, an artifact without tokenizer.json..
             notes.append(f"{runtime} {quantize} not tried: {type(e).__name__}: {str(e)[:300]}")
             continue
-        correct = (predict(classifier.forward, rows, classifier.micro_batch, pad_id) > 0) == positive  # as served
+        correct = predict(classifier.forward, rows, classifier.micro_batch, pad_id).argmax(axis=1) == labels  # served
         loss, low, high = quality.paired_difference(fp32_correct, correct)
         p50 = quality.median_ms(lambda i, f=classifier.forward: predict(f, rows.slice(i, 1), 1, pad_id), len(rows))
         scored.append({"variant": classifier.variant, "accuracy": float(correct.mean()), "accuracy_loss": loss,
@@ -303,47 +315,58 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             folder = Path(shutil.copytree(folder, Path(scratch) / "model", dirs_exist_ok=True))
         model = load_model(folder, str(where))
         handler = serving_handler(folder)
-        margins = read_predictions(folder, labels)
+        logits = read_predictions(folder, labels)
         pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-        source, fp32_logits = "train step" if margins is not None else "this step (cpu)", torch_logits(model)
-        if margins is None:
-            margins = predict(fp32_logits, table, args.batch_size, pad_id)
-        metrics = quality.binary_classification_metrics(labels, margins, args.seed)
-        metrics["accuracy"]["value"] = accuracy((margins > 0).astype(np.int64), labels)
+        source, fp32_logits = "train step" if logits is not None else "this step (cpu)", torch_logits(model)
+        if logits is None:
+            logits = predict(fp32_logits, table, args.batch_size, pad_id)
+        names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+        if labels.min() < 0 or labels.max() >= len(names):
+            raise StepError(f"test folder {args.test_dir}: label ids {sorted(set(labels.tolist()))[:10]}, where the "
+                            f"model has {len(names)} classes ({', '.join(names[:10])}): another data set's split")
+        predictions = logits.argmax(axis=1)
+        classification = quality.classification_metrics(labels, predictions, names, args.seed)
+        classification["accuracy"]["value"] = accuracy(predictions, labels)  # through the `evaluate` library
+        if len(names) == 2:
+            metrics = quality.binary_classification_metrics(labels, logits[:, 1] - logits[:, 0], args.seed)
+            metrics["accuracy"]["value"] = classification["accuracy"]["value"]
+            layout = {"binary_classification_metrics": metrics}
+        else:
+            layout = {"multiclass_classification_metrics": quality.multiclass_classification_metrics(classification)}
 
         sample = stratified_sample(labels, args.sample_size, args.seed)
         rows = table.take(pa.array(sample))
-        names = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        endpoint_sample.write(args.output_dir, rows, labels[sample], margins[sample] > 0, names)  # endpoint test
-        fp32 = margins[sample] if source != "train step" else predict(fp32_logits, rows, args.batch_size, pad_id)
-        positive = labels[sample] == 1
-        checked = check(fp32, margins[sample], args.min_agreement, args.seed)
-        fp32_correct = (fp32 > 0) == positive
+        endpoint_sample.write(args.output_dir, rows, labels[sample], predictions[sample], names)  # endpoint test
+        fp32 = logits[sample] if source != "train step" else predict(fp32_logits, rows, args.batch_size, pad_id)
+        checked = check(fp32, logits[sample], args.min_agreement, args.seed)
+        fp32_correct = fp32.argmax(axis=1) == labels[sample]
         scored, onnx, notes = [], None, ["not tried: the CPU check failed"]
         if checked["passed"]:
-            scored, onnx, notes = score_variants(args, handler, folder, rows, positive, fp32_correct, pad_id)
+            scored, onnx, notes = score_variants(args, handler, folder, rows, labels[sample], fp32_correct, pad_id)
         inference = choose(scored, fp32_correct, args.int8_tolerance, notes)
         if checked["passed"]:
             serving.write_artifact(folder, where if where.is_file() else None, inference, onnx,
                                    Path(args.serving_dir) / MODEL_ARCHIVE)
+    counts = np.bincount(labels, minlength=len(names))
     result = {
         "version": 0.0,
-        "binary_classification_metrics": metrics,
-        "classification": quality.classification_metrics(labels, (margins > 0).astype(np.int64), names, args.seed),
+        **layout,
+        "classification": classification,
         "labels": {"names": names, "count": len(names),
                    "digest": hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]},
-        "dataset": {"rows": len(labels), "positives": int(labels.sum()), "predictions": source},
+        "dataset": {"rows": len(labels), **({"positives": int(counts[1])} if len(names) == 2 else {}),
+                    "per_class": {name: int(n) for name, n in zip(names, counts, strict=True)}, "predictions": source},
         "check": checked,
-        "inference": {**inference, "fp32_accuracy": metrics["accuracy"]["value"], "onnx": onnx},
+        "inference": {**inference, "fp32_accuracy": classification["accuracy"]["value"], "onnx": onnx},
         "seconds": round(time.perf_counter() - t0, 3),
     }
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_FILE).write_text(quality.report_json(result))
     print(
-        f"evaluated {len(labels)} rows (predictions: {source}) in {result['seconds']:.1f} s: "
-        f"accuracy={metrics['accuracy']['value']:.4f} f1={metrics['f1']['value']:.4f} "
-        f"auc={metrics['auc']['value']:.4f}; cpu check on {len(sample)} rows: agreement {checked['agreement']:.4f}; "
+        f"evaluated {len(labels)} rows of {len(names)} classes (predictions: {source}) in {result['seconds']:.1f} s: "
+        f"accuracy={classification['accuracy']['value']:.4f} macro_f1={classification['macro_f1']['value']:.4f}; "
+        f"cpu check on {len(sample)} rows: agreement {checked['agreement']:.4f}; "
         f"endpoint variant {inference['variant']} ({inference['reason']})",
         flush=True,
     )

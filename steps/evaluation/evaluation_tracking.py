@@ -16,7 +16,8 @@ def log(result: dict[str, Any], args: argparse.Namespace, report: Path) -> None:
     tracking.py), then the run into the `report` as its "tracking" section: the run's id, "none" when untracked (the
     registered version's metadata value it becomes cannot be empty)."""
     inference = result["inference"]
-    metrics = {f"eval_{name}": m["value"] for name, m in result["binary_classification_metrics"].items()
+    layout = result.get("binary_classification_metrics") or result.get("multiclass_classification_metrics") or {}
+    metrics = {f"eval_{name}": m["value"] for name, m in {**layout, **result["classification"]}.items()
                if isinstance(m, dict) and isinstance(m.get("value"), int | float)}
     tracker = tracking.Tracker("Evaluate", settings_dir=args.tracking_dir)
     tracker.log(

@@ -155,8 +155,10 @@ def classification_metrics(labels: np.ndarray, predictions: np.ndarray, names: l
                        where=precision + recall > 0)
         total = m.sum(axis=(-2, -1))
         accuracy = np.divide(hits.sum(axis=-1), total, out=np.zeros_like(total, dtype=float), where=total > 0)
+        share = np.divide(actual, total[..., None], out=np.zeros_like(hits), where=total[..., None] > 0)
         return {"accuracy": accuracy, "macro_f1": f1.mean(axis=-1), "precision": precision, "recall": recall,
-                "f1": f1}
+                "f1": f1, **{f"weighted_{name}": (share * value).sum(axis=-1)
+                             for name, value in (("precision", precision), ("recall", recall), ("f1", f1))}}
 
     values, spread = scores(cm), scores(draws.reshape(-1, k, k))
     enough = n >= MIN_ROWS_FOR_DEVIATION
@@ -169,10 +171,23 @@ def classification_metrics(labels: np.ndarray, predictions: np.ndarray, names: l
     return {
         "accuracy": metric("accuracy"),
         "macro_f1": metric("macro_f1"),
+        **{name: metric(name) for name in ("weighted_precision", "weighted_recall", "weighted_f1")},
         "per_class": {name: {"precision": metric("precision", i), "recall": metric("recall", i),
                              "f1": metric("f1", i), "support": int(cm[i].sum())} for i, name in enumerate(names)},
         "confusion_matrix": {a: {p: int(cm[i, j]) for j, p in enumerate(names)} for i, a in enumerate(names)},
     }
+
+
+def multiclass_classification_metrics(classification: dict[str, Any]) -> dict[str, Any]:
+    """Model Monitor's `multiclass_classification_metrics` object (what Studio renders for more than two classes) from
+    `classification_metrics`: the confusion matrix by label, accuracy and the support-weighted precision, recall and
+    F1, and the accuracy of always answering the largest class."""
+    supports = [c["support"] for c in classification["per_class"].values()]
+    largest = max(supports) / max(sum(supports), 1)
+    return {"confusion_matrix": classification["confusion_matrix"],
+            **{name: classification[name] for name in ("accuracy", "weighted_precision", "weighted_recall",
+                                                       "weighted_f1")},
+            "accuracy_best_constant_classifier": {"value": largest, "standard_deviation": 0.0}}
 
 
 def wilson_interval(successes: int, n: int) -> tuple[float, float]:

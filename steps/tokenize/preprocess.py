@@ -365,13 +365,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def check_classes(names: list[str], where: str) -> None:
-    """Two classes: what the model, Evaluate and the endpoint test handle in this release."""
-    if len(names) != 2:
-        raise StepError(f"{where}: {len(names)} label(s) ({', '.join(map(str, names[:20]))}): this release trains "
-                        "two classes; a classifier of more is not supported yet")
-
-
 def cpu_count() -> int:
     """Cores this process may use."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -388,7 +381,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encoder = Encoder(args.model_id, args.max_length)
     names = [str(name) for name in args.labels or found_labels(limit_rows(source_chunks(args)["train"],
                                                                           args.max_rows_per_split))]
-    check_classes(names, "data.labels" if args.labels else "the train split's labels")
+    if len(names) < 2:
+        raise StepError(f"the train split's labels: {names or 'none'}: a classifier needs two or more classes")
     sources = source_chunks(args)
     writers = {s: SplitWriter(out / s, args.max_length, args.rows_per_shard, TEST_SCHEMA if s == "test" else SCHEMA,
                               names=names) for s in SPLITS}
