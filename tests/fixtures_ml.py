@@ -161,3 +161,12 @@ def add_onnx_graphs(model_dir: Path) -> Path:
 
     serving.build(model_dir)
     return model_dir
+
+
+def ctrl_c_reaches_it() -> None:
+    """A `preexec_fn` for a child that a test interrupts as a terminal would: SIGINT back to its default action. A
+    job started in the background without job control (a CI runner's `cmd &` in a subshell) ignores SIGINT, and
+    that disposition is inherited: the child's Python would then ignore Ctrl-C, as `nohup` users want."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

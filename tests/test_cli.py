@@ -11,6 +11,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+from fixtures_ml import ctrl_c_reaches_it
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
@@ -504,7 +505,7 @@ shared.run(app)
 def test_an_interrupted_command_says_so_and_exits_128_plus_the_signal(signum, code, line):
     """As docs/cli.md: Typer turns Ctrl-C into a silent exit 130; the CLI says it and exits 128 + the signal."""
     command = subprocess.Popen([sys.executable, "-c", WAITING_COMMAND], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
     assert command.stdout.readline().strip() == "ready"
     command.send_signal(signum)
     _, err = command.communicate(timeout=60)

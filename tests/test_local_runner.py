@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fixtures_ml import ctrl_c_reaches_it
 
 from pipeline.dag.expressions import ExpressionError
 from pipeline.dag.selection import SelectionError, Source, check_retry, select
@@ -298,7 +299,8 @@ def test_ctrl_c_stops_the_running_step_and_marks_the_execution_stopped(root):
     )
     pid_file = root / "job.pid"
     process = subprocess.Popen(
-        [sys.executable, "-c", script], env={**os.environ, "PID_FILE": str(pid_file)}, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script], env={**os.environ, "PID_FILE": str(pid_file)}, stdout=subprocess.PIPE,
+        text=True, preexec_fn=ctrl_c_reaches_it,
     )
     deadline = time.monotonic() + 60
     while not pid_file.exists() and time.monotonic() < deadline:

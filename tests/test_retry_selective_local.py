@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures_ml import build_model, build_tokenizer
+from fixtures_ml import build_model, build_tokenizer, ctrl_c_reaches_it
 from test_local_e2e import cli as e2e_cli
 from test_local_e2e import free_port
 
@@ -80,7 +80,8 @@ def interrupted_run(account: LocalBackend, sets: list[str]) -> Execution:
     """`run --local` in its own process, Ctrl-C (SIGINT) as soon as the Train step has a complete checkpoint."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "pipeline", "--config", str(ROOT / "pipeline.yaml"), *local(sets, "run")]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=ctrl_c_reaches_it)
     markers = account.layout.executions(account.pipeline)
     deadline = time.monotonic() + 600
     while not list(markers.glob("*/Train/opt_ml/checkpoints/slot-*/COMPLETE")) and time.monotonic() < deadline:
