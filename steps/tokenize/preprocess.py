@@ -269,8 +269,6 @@ class Chunk:
     dropped: dict[str, int]
     notes: dict[str, str]  # reason -> where the first row dropped while reading is
     kept: pa.Table | None = None
-    kept_index: np.ndarray | None = None  # row index of each kept row among the chunk's parsed rows
-    parsed: int = 0  # rows that parsed (the chunk's table length)
     job: Any = None
 
 
@@ -283,11 +281,10 @@ def encoded(chunks: Iterator[tuple[pa.Table | None, Drops]], encoder: Encoder, n
         for table, drops in chunks:
             chunk = Chunk(rows=drops.total, dropped=dict(drops.counts), notes=drops.notes)
             if table is not None:
-                chunk.kept, chunk.kept_index, counts, notes = validate(table, names, unseen)
+                chunk.kept, _, counts, notes = validate(table, names, unseen)
                 chunk.dropped.update(counts)
                 chunk.notes = notes | chunk.notes
                 chunk.rows += len(table)
-                chunk.parsed = len(table)
                 if len(chunk.kept):
                     chunk.job = pool.submit(encoder.encode, chunk.kept["title"].to_pylist(),
                                             chunk.kept["content"].to_pylist())
