@@ -352,3 +352,22 @@ def test_code_requirements_are_named_not_installed(tmp_path: Path, caplog: pytes
         warned = [r.getMessage() for r in caplog.records if "requirements.txt" in r.getMessage()]
         assert warned == ([f"endpoint requirements: code/requirements.txt is not installed locally: {named}"]
                           if named else [])
+
+
+def test_answers_go_out_at_once_without_waiting_for_the_clients_delayed_ack():
+    """The head and the body of an answer are two writes: with Nagle's algorithm the body waited 40 ms for the
+    client's delayed ACK of the head (43 ms a request through boto3, 2.5 ms without). Connections the listening
+    socket accepts have TCP_NODELAY."""
+    import socket
+
+    from pipeline.local.endpoint.app import listen
+
+    server = listen("nagle", "127.0.0.1", 0)
+    try:
+        with socket.create_connection(server.getsockname()[:2]):
+            accepted, _ = server.accept()
+            with accepted:
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+                assert accepted.proto == socket.IPPROTO_TCP  # so that asyncio's transport keeps it so
+    finally:
+        server.close()

@@ -64,9 +64,13 @@ class EndpointStartError(UserError, RuntimeError):
 def listen(name: str, host: str, port: int) -> socket.socket:
     """A listening socket on host:port (0 picks a free port), inheritable by uvicorn's worker processes."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections in TIME_WAIT do not hold it
+        # The answer's body is written after its head: with Nagle's algorithm it waited for the client's delayed
+        # ACK of the head, 40 ms on every request of a kept-alive connection. asyncio sets TCP_NODELAY only on a
+        # socket whose proto says TCP (hence IPPROTO_TCP above); Linux hands it to the connections it accepts.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(BACKLOG)
     except OSError as error:
