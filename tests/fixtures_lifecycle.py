@@ -23,7 +23,8 @@ def input_fn(input_data, content_type):
 def predict_fn(texts, model):
     if model["kind"] == "broken":
         raise RuntimeError("this model is broken")
-    positive = [any(word in text for word in ("great", "love")) for text in texts]
+    words = ("great",) if model["kind"] == "weak" else ("great", "love")
+    positive = [any(word in text for word in words) for text in texts]
     if model["kind"] == "flipped":
         positive = [not p for p in positive]
     return [{"label": "positive" if p else "negative", "score": 0.9} for p in positive]
@@ -36,18 +37,20 @@ GOOD = ["great sound, love it", "a great blender", "love the colour", "great val
 BAD = ["awful lid, broke", "terrible zipper", "a waste of money", "stopped working", "flimsy and cheap"]
 
 
-def sample_rows(count: int = 40) -> list[dict]:
-    """Labelled rows with the evaluation's predictions: right on all but the last two (accuracy 0.95)."""
+def sample_rows(count: int = 40, kind: str = "good") -> list[dict]:
+    """Labelled rows with the evaluation's predictions: right on all but the last two (accuracy 0.95); a `weak`
+    model's own (it takes only "great" for praise: wrong on one positive text in five, accuracy 0.9)."""
     rows = []
     for i in range(count):
         label = i % 2
         text = (GOOD if label else BAD)[i // 2 % 5] + f" #{i}"
-        rows.append({"text": text, "label": label, "prediction": label if i < count - 2 else 1 - label})
+        prediction = int("great" in text) if kind == "weak" else label if i < count - 2 else 1 - label
+        rows.append({"text": text, "label": label, "prediction": prediction})
     return rows
 
 
 def toy_version(folder: Path, kind: str = "good", sample: list[dict] | None = None) -> tuple[Path, Path]:
-    """A model folder (`kind`: good, flipped or broken) and its evaluation.json beside endpoint_sample.jsonl."""
+    """A model folder (`kind`: good, weak, flipped or broken) and its evaluation.json beside endpoint_sample.jsonl."""
     model, evaluation = folder / "model", folder / "evaluation"
     (model / "code").mkdir(parents=True)
     (model / "code" / "inference.py").write_text(HANDLER)
@@ -55,6 +58,6 @@ def toy_version(folder: Path, kind: str = "good", sample: list[dict] | None = No
     evaluation.mkdir()
     report = {"binary_classification_metrics": {"accuracy": {"value": 0.95, "standard_deviation": 0.01}}}
     (evaluation / "evaluation.json").write_text(json.dumps(report))
-    rows = sample_rows() if sample is None else sample
+    rows = sample_rows(kind=kind) if sample is None else sample
     (evaluation / "endpoint_sample.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return model, evaluation / "evaluation.json"

@@ -178,7 +178,8 @@ def test_deploy_lambda_role_grants_exactly_what_its_code_calls():
     sm = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}"
     staging, production = f"{sm}:endpoint/trainium-bert-staging", f"{sm}:endpoint/trainium-bert"
     assert _allowed(document, "sagemaker:InvokeEndpoint", staging)
-    assert not _allowed(document, "sagemaker:InvokeEndpoint", production)  # the test runs on staging only
+    assert _allowed(document, "sagemaker:InvokeEndpoint", production)  # champion/challenger sends it the sample
+    assert not _allowed(document, "sagemaker:InvokeEndpoint", f"{sm}:endpoint/another")
     for endpoint in (staging, production):
         assert _allowed(document, "sagemaker:UpdateEndpoint", endpoint)
     assert not _allowed(document, "sagemaker:UpdateEndpoint", f"{sm}:endpoint/someone-elses")

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REGION, ACCOUNT, BUCKET, GROUP = "us-east-1", "123456789012", "lifecycle-bucket", "trainium-bert"
 STAGING, PRODUCTION = "trainium-bert-staging", "trainium-bert"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/SageMakerExecutionRole"
+TOLERANCE = ("deploy.challenge.tolerance=0.05",)  # 40 sample rows: the interval of two equal models is +-0.047
 
 
 class Service:
@@ -101,20 +102,34 @@ def changed_at() -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, no_network_module):
-    """The staging endpoint's model, served for real: the runtime client of the tests goes here."""
+    """The two endpoints' models, served for real under the endpoints' names: the runtime client of the tests goes
+    to the one its EndpointName names, as SageMaker's does."""
     folder = tmp_path_factory.mktemp("toys")
-    models = {kind: toy_version(folder / kind, kind)[0] for kind in ("good", "broken")}
-    endpoint = LocalEndpoint()
-    endpoint.start(models["good"], STAGING, port=0, version="good")
-    yield endpoint, models
-    endpoint.stop()
+    models = {kind: toy_version(folder / kind, kind)[0] for kind in ("good", "broken", "weak")}
+    endpoints = {name: LocalEndpoint() for name in (STAGING, PRODUCTION)}
+    for name, endpoint in endpoints.items():
+        endpoint.start(models["good"], name, port=0, version="good")
+    yield endpoints, models
+    for endpoint in endpoints.values():
+        endpoint.stop()
+
+
+class Runtime:
+    """The stock `sagemaker-runtime` client of each local endpoint, picked by EndpointName."""
+
+    def __init__(self, endpoints: dict[str, LocalEndpoint]) -> None:
+        self.clients = {name: boto3.client("sagemaker-runtime", endpoint_url=endpoint.url, region_name=REGION)
+                        for name, endpoint in endpoints.items()}
+
+    def invoke_endpoint(self, **request):
+        return self.clients[request["EndpointName"]].invoke_endpoint(**request)
 
 
 class World:
     """One moto account: registry, bucket, alerts topic with an SQS subscription, and the lifecycle's account."""
 
     def __init__(self, served, tmp_path: Path, *sets: str) -> None:
-        self.endpoint, self.models = served
+        self.endpoints, self.models = served
         self.sm = Service(boto3.client("sagemaker", region_name=REGION))
         self.s3, self.sns, self.sqs = (boto3.client(s, region_name=REGION) for s in ("s3", "sns", "sqs"))
         self.aas = boto3.client("application-autoscaling", region_name=REGION)
@@ -125,14 +140,13 @@ class World:
         self.sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn["QueueArn"])
         self.sm.create_model_package_group(ModelPackageGroupName=GROUP)
         self.cfg = load_config(ROOT / "pipeline.yaml", [f"aws.role_arn={ROLE}", f"aws.bucket={BUCKET}",
-                                                        f"alerts.topic_arn={topic}", *sets], environ={})
+                                                        f"alerts.topic_arn={topic}", *TOLERANCE, *sets], environ={})
         self.settings = account_module.Settings.from_env(lambda_environment(self.cfg))
-        runtime = boto3.client("sagemaker-runtime", endpoint_url=self.endpoint.url, region_name=REGION)
         self.account = account_module.SageMakerAccount(self.settings, self.sm, s3=self.s3, sns=self.sns,
-                                                       autoscaling=self.aas, runtime=runtime)
+                                                       autoscaling=self.aas, runtime=Runtime(self.endpoints))
         self.tmp = tmp_path
 
-    def register(self, status: str = "Approved", kind: str = "good") -> int:
+    def register(self, status: str = "Approved", kind: str = "good", digest: str = "d1") -> int:
         number = len(self.sm.list_model_packages(ModelPackageGroupName=GROUP)["ModelPackageSummaryList"]) + 1
         _, report = toy_version(self.tmp / f"v{number}", kind)
         prefix = f"trainium-bert/executions/exec{number}/evaluation"
@@ -140,7 +154,7 @@ class World:
             self.s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{path.name}", Body=path.read_bytes())
         self.sm.create_model_package(
             ModelPackageGroupName=GROUP, ModelApprovalStatus=status,
-            CustomerMetadataProperties={"accuracy": "0.95", "kind": kind},
+            CustomerMetadataProperties={"accuracy": "0.95", "kind": kind, "label_digest": digest},
             InferenceSpecification={"Containers": [{"Image": "763104351884.dkr.ecr.us-east-1.amazonaws.com/hf:cpu",
                                                     "ModelDataUrl": f"s3://{BUCKET}/model{number}.tar.gz"}],
                                     "SupportedContentTypes": ["application/json"],
@@ -158,11 +172,12 @@ class World:
         return package_event(number, status, ["ModelApprovalStatus"])
 
     def handle(self, event: dict) -> dict:
-        """The Lambda's entry, as EventBridge invokes it; the staging endpoint serves the model of what it holds."""
-        served = self.account.endpoint(lifecycle.STAGING).version
-        if served:
-            meta = self.account.version(served).metadata
-            self.endpoint.update(self.models[meta["kind"]], meta["kind"])
+        """The Lambda's entry, as EventBridge invokes it; each endpoint serves the model of the version it holds."""
+        for stage, name in ((lifecycle.STAGING, STAGING), (lifecycle.PRODUCTION, PRODUCTION)):
+            served = self.account.endpoint(stage).version
+            if served:
+                kind = self.account.version(served).metadata["kind"]
+                self.endpoints[name].update(self.models[kind], kind)
         return deploy.handle(event, self.account)
 
     def metadata(self, number: int) -> dict:
@@ -254,6 +269,79 @@ def test_auto_promotion_and_a_broken_version_that_never_reaches_production(world
     assert "40 of 40 requests got an error answer ModelError: " in world.metadata(2)["staging_test_reason"]
     assert (world.serving("staging"), world.serving("production")) == (2, 1)
     assert len(world.sm.updates) == 1  # production untouched
+
+
+def auto_promoting(world: World, *env: tuple[str, str]) -> None:
+    world.settings = world.account.settings = account_module.Settings.from_env(
+        {**lambda_environment(world.cfg), "AUTO_PROMOTE": "true", **dict(env)})
+
+
+def in_production(world: World, number: int) -> None:
+    """Version `number`, registered good and approved, tested on staging and promoted (nothing in production)."""
+    world.register()
+    world.handle(world.approve(number))
+    world.handle(world.sm.finish(STAGING))
+    world.handle(world.sm.finish(PRODUCTION))
+    assert world.serving("production") == number
+
+
+def test_a_weaker_candidate_is_held_for_a_person_and_an_equal_one_promoted(world):
+    """Champion/challenger on macro-F1 (test_lifecycle_local.py's on accuracy): both endpoints are sent the
+    candidate's 40 sample rows; the weak model (wrong on 4 of them, where production is right) passes its staging
+    test yet stays out of production, the reason in the registry and an alert; an equal model is promoted
+    automatically."""
+    metric = "macro_f1"
+    auto_promoting(world, ("CHALLENGE_METRIC", metric))
+    in_production(world, 1)
+    world.alerts()
+    world.register(kind="weak")
+    world.handle(world.approve(2))
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result) == [("staging", "unchanged", 2), ("staging", "test", 2), ("production", "held", 2)]
+    held = world.metadata(2)
+    assert held["staging_test"] == "pass" and held["challenge"] == "hold" and held["challenge_champion"] == "1"
+    assert (held["challenge_metric"], held["challenge_rows"]) == (metric, "40")
+    assert float(held["challenge_difference"]) == pytest.approx(-0.10101, abs=1e-5)  # F1 .889, .909 against 1, 1
+    assert float(held["challenge_low"]) < -0.05 < float(held["challenge_high"]), held
+    assert "may be worse by more than 0.05 left for a person promote N" in held["challenge_reason"]  # alphabet
+    subjects = [subject for subject, _ in world.alerts()]
+    assert subjects[-1].startswith(f"production trainium-bert: version 2 scores {metric} -0.10")
+    assert world.serving("production") == 1 and "promoted_at" not in held
+
+    world.register()  # as good as production: promoted
+    world.handle(world.approve(3))
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result)[2:] == [("production", "challenge-passed", 3), ("production", "promotion", 3),
+                                   ("production", "updated", 3)]
+    assert world.metadata(3)["challenge"] == "pass" and float(world.metadata(3)["challenge_low"]) > -0.05
+
+    world.handle(world.sm.finish(PRODUCTION))
+    world.register(digest="d2")  # another label set: never compared, left for a person
+    world.handle(world.approve(4))
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result)[-1] == ("production", "held", 4) and world.serving("production") == 3
+    held = world.metadata(4)
+    assert held["challenge"] == "hold" and "challenge_rows" not in held  # no row was sent to production
+    assert "another label set than production version 3 label_digest d2 against d1" in held["challenge_reason"]
+
+    # a person may still promote a held version
+    outcomes = lifecycle.Lifecycle(world.account, world.settings.policy).promote(world.account.version(2))
+    assert [o["action"] for o in outcomes][:1] == ["promotion"]
+
+
+def test_a_challenge_while_production_is_busy_is_due_and_made_once_production_is_in_service(world):
+    auto_promoting(world)
+    in_production(world, 1)
+    world.register()
+    world.handle(world.approve(2))
+    world.sm.busy(PRODUCTION, "Updating")  # e.g. a data capture change in flight
+    result = world.handle(world.sm.finish(STAGING))
+    assert actions(result)[-1] == ("production", "challenge-due", 2) and world.metadata(2)["challenge"] == "due"
+    result = world.handle(world.sm.finish(PRODUCTION))
+    assert actions(result) == [("production", "unchanged", 1), ("production", "scaling", 1),
+                               ("production", "challenge-passed", 2), ("production", "promotion", 2),
+                               ("production", "updated", 2)]
+    assert world.metadata(2)["challenge"] == "pass"
 
 
 def test_a_staging_test_the_lambda_has_no_time_for_records_a_failed_verdict(world, monkeypatch):
@@ -421,11 +509,14 @@ def test_deploy_n_tests_again_a_version_tested_before_once_its_update_is_in_serv
     outcomes = life.deploy(1)
     assert [(o["stage"], o["action"], o["version"]) for o in outcomes] == [("staging", "updated", 1)]
     result = world.handle(world.sm.finish(STAGING))
-    assert actions(result) == [("staging", "unchanged", 1), ("staging", "test", 1)]
+    # tested, then compared with production (version 2): equal models, not promoted (auto_promote is off)
+    assert actions(result) == [("staging", "unchanged", 1), ("staging", "test", 1),
+                               ("production", "challenge-passed", 1)]
     assert world.metadata(1)["staging_test_at"] > first and world.metadata(1)["staging_test"] == "pass"
+    assert world.metadata(1)["challenge_champion"] == "2" and world.serving("production") == 2
     assert actions(world.handle(world.sm.finish(STAGING))) == [("staging", "unchanged", 1)]  # once: not again
     outcomes = life.deploy(1)  # staging serves it already: the test runs at once, as locally
-    assert [o["action"] for o in outcomes] == ["unchanged", "test"]
+    assert [o["action"] for o in outcomes] == ["unchanged", "test", "challenge-passed"]
 
 
 def test_a_state_change_delivered_twice_is_handled_once_even_while_the_first_delivery_runs(world):

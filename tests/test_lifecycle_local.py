@@ -36,7 +36,8 @@ class Account:
 
     def __init__(self, folder: Path, *sets: str) -> None:
         self.folder, self.root = folder, folder / "local"
-        self.sets = [f"local.port={free_port()}", f"local.staging_port={free_port()}", *sets]
+        self.sets = [f"local.port={free_port()}", f"local.staging_port={free_port()}",
+                     "deploy.challenge.tolerance=0.05", *sets]  # 40 sample rows: equal models' interval is +-0.047
         self.backend = LocalBackend(load_config(ROOT / "pipeline.yaml", self.sets, environ={}, local=True), self.root)
 
     def register(self, kind: str = "good", status: str = "PendingManualApproval") -> int:
@@ -111,13 +112,26 @@ def test_approve_test_promote_reject_roll_back(account, capsys):
     assert production.test.startswith("pass: accuracy 1.0 (evaluation 0.95), p95 ")
     assert production.scaling == "none (local)" and production.where.startswith("http")
 
-    # A good third version goes through; rejecting it rolls both stages back to the newest other passed version.
-    assert account.register() == 3
+    # Champion/challenger: a weaker version (it takes only "great" for praise: wrong on 4 of the 40 rows production
+    # gets right) passes its staging test, yet both endpoints are sent its sample and it is held for a person.
+    assert account.register("weak") == 3
     code, out, err = account.cli(capsys, "models", "approve", "3")
-    assert code == 0 and (account.serving("staging"), account.serving("production")) == (3, 3), out + err
-    code, out, err = account.cli(capsys, "models", "reject", "3", "--note", "bad labels")
     assert code == 0, err
-    assert (f"production {PRODUCTION}: version 3 is no longer Approved: back to version 1, the newest other "
+    assert f"staging test of version 3 on {STAGING}: PASS on 40 rows" in out
+    held = (f"production {PRODUCTION}: version 3 scores accuracy -0.1000 against production version 1 on the same 40 "
+            f"rows (95% interval -0.1955 to +0.0051): may be worse by more than 0.05, left for a person (promote N)")
+    assert held in out and "promoted" not in out and held in account.alerts()
+    assert (account.serving("staging"), account.serving("production")) == (3, 1)
+    assert account.backend.registry.get(GROUP, 3).customer_metadata["challenge"] == "hold"
+
+    # A good fourth version goes through; rejecting it rolls both stages back to the newest other passed version.
+    assert account.register() == 4
+    code, out, err = account.cli(capsys, "models", "approve", "4")
+    assert code == 0 and (account.serving("staging"), account.serving("production")) == (4, 4), out + err
+    assert f"production {PRODUCTION}: version 4 scores accuracy +0.0000 against production version 1" in out
+    code, out, err = account.cli(capsys, "models", "reject", "4", "--note", "bad labels")
+    assert code == 0, err
+    assert (f"production {PRODUCTION}: version 4 is no longer Approved: back to version 1, the newest other "
             f"Approved version that passed its staging test") in out
     assert f"production {PRODUCTION}: version 1 updated" in out
     assert (account.serving("staging"), account.serving("production")) == (1, 1)

@@ -57,6 +57,7 @@ def setup(tmp_path_factory):
         f"local.staging_port={free_port()}",
         "local.processes=2",
         "deploy.test.max_accuracy_drop=0.1",
+        "deploy.challenge.tolerance=0.2",  # 10 sample rows: two equal models' interval is +-0.16
         "deploy.test.p95_ms=60000",
         "evaluation.sample_size=10",  # fewer than the test rows: the gate must still see all of them
     )
@@ -258,10 +259,12 @@ def test_lifecycle_commands_on_the_run_s_artifact(setup, capsys):
     sets = [arg for o in overrides for arg in ("--set", o)]
     local = ["--local", "--root", str(folder / "local")]
     first = account.registry.get("trainium-bert", 1)
-    same = {"metrics": first.metrics_source, "environment": first.environment}
+    same = {"metrics": first.metrics_source, "environment": first.environment,  # the run's label set: compared
+            "customer_metadata": {"label_digest": first.customer_metadata["label_digest"]}}
     copy = account.registry.register("trainium-bert", first.model_data, approval_status="PendingManualApproval", **same)
     code, out = cli(capsys, *sets, "models", "approve", str(copy.version), *local)
     assert code == 0 and f"production trainium-bert: version {copy.version} updated" in out, out
+    assert f"version {copy.version} scores accuracy +0.0000 against production version 1 on the same 10 rows" in out
     broken = broken_copy(Path(first.model_data), folder / "broken")
     bad = account.registry.register("trainium-bert", broken, approval_status="PendingManualApproval", **same)
     code, out = cli(capsys, *sets, "models", "approve", str(bad.version), *local)

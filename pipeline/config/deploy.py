@@ -41,6 +41,15 @@ class EndpointTest(Section):
     p50_overhead_ms: float = Field(default=POLICY.p50_overhead_ms, ge=0)  # ... plus this (HTTP, JSON, tokenizing)
 
 
+class Challenge(Section):
+    """Champion/challenger after a passed staging test: production is sent the candidate's sample rows, and the
+    candidate is promoted automatically only when the paired difference of the gate's metric
+    (evaluation.gate_metric) has its 95% interval's lower end above -tolerance (steps/deploy/challenge.py)."""
+
+    rows: int = Field(default=POLICY.challenge_rows, ge=1, le=100_000)  # at most the sample's (evaluation.sample_size)
+    tolerance: float = Field(default=POLICY.challenge_tolerance, ge=0, le=1)
+
+
 class Autoscaling(Section):
     """Target tracking of the production endpoint on invocations per instance (per minute)."""
 
@@ -70,6 +79,7 @@ class Deploy(Section):
     staging: Staging = Staging()
     test: EndpointTest = EndpointTest()
     auto_promote: bool = POLICY.auto_promote
+    challenge: Challenge = Challenge()
     autoscaling: Autoscaling = Autoscaling()
 
     @property

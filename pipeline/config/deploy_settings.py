@@ -12,10 +12,13 @@ MARKERS = "lifecycle-markers"  # under s3_root: the deploy Lambda's handled even
 
 
 def policy(cfg: Config) -> Policy:
-    """Promotion and the endpoint test: deploy.auto_promote and deploy.test."""
-    test = cfg.deploy.test
+    """Promotion, the endpoint test and champion/challenger: deploy.auto_promote, deploy.test, deploy.challenge (with
+    evaluation.gate_metric)."""
+    test, versus = cfg.deploy.test, cfg.deploy.challenge
     return Policy(auto_promote=cfg.deploy.auto_promote, test_rows=test.rows, max_accuracy_drop=test.max_accuracy_drop,
-                  p95_ms=test.p95_ms, p50_factor=test.p50_factor, p50_overhead_ms=test.p50_overhead_ms)
+                  p95_ms=test.p95_ms, p50_factor=test.p50_factor, p50_overhead_ms=test.p50_overhead_ms,
+                  challenge_metric=cfg.evaluation.gate_metric, challenge_rows=versus.rows,
+                  challenge_tolerance=versus.tolerance)
 
 
 def settings(cfg: Config) -> Settings:

@@ -90,7 +90,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def _error(error: Exception) -> str:
+def error_line(error: Exception) -> str:
+    """An exception of a request as one line: botocore's error code and message, or the exception's type and text."""
     response = getattr(error, "response", None) or {}
     code = response.get("Error", {}).get("Code")
     message = response.get("Error", {}).get("Message") or str(error)
@@ -118,7 +119,8 @@ def served_variant(response: dict[str, Any]) -> str | None:
     return None
 
 
-def _text(row: dict[str, Any]) -> str | dict[str, str]:
+def text_of(row: dict[str, Any]) -> str | dict[str, str]:
+    """A sample row as one of a request's inputs: its text, or {"text", "text_pair"}."""
     return {"text": row["text"], "text_pair": row["text_pair"]} if "text_pair" in row else row["text"]
 
 
@@ -159,12 +161,12 @@ def run(
         try:
             response = client.invoke_endpoint(
                 EndpointName=endpoint, ContentType="application/json", Accept="application/json",
-                Body=json.dumps({"inputs": [_text(row)]}),
+                Body=json.dumps({"inputs": [text_of(row)]}),
             )
             body = response["Body"].read()
             served.add(served_variant(response))
         except Exception as e:  # botocore's ClientError (ModelError, ValidationError) and connection errors
-            problem = _error(e)
+            problem = error_line(e)
         latencies.append((clock() - started) * 1000)
         if not problem:
             try:

@@ -17,8 +17,12 @@ Decisions (the pure functions below) read the Approved versions and the version 
               is being updated to it). A promotion is recorded unless its deploy fails (while production is busy
               it follows the update in flight); a failed deploy records <stage>_deploy_failed_at and
               <stage>_deploy_failure instead.
-  rollback    the newest other Approved version that passed its staging test; if there is none the endpoint is left
-              as it is and an alert says so.
+  rollback    the newest other Approved version that passed its staging test (and was not held by the challenge,
+              unless promoted by hand); if there is none the endpoint is left as it is and an alert says so.
+  challenge   a version that passed its staging test is compared with the version production serves on the same
+              rows (challenge.py): challenge=pass|hold|due in its metadata; auto_promote promotes it only on a pass;
+              a hold is an alert and waits for a person (promote N); `due` (production was busy) is compared when
+              production is InService again.
 An endpoint being created or updated is left alone (`deferred`): the end of that update reconciles again (on AWS the
 "SageMaker Endpoint State Change" rule invokes the Lambda; locally nothing is ever busy). A deploy that did not stick
 (the endpoint serves a version sent there before ours: a blue/green auto-rollback or a failed update) is not retried
@@ -33,7 +37,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from steps.contract import APPROVED
-from steps.deploy import endpoint_check
+from steps.deploy import challenge, endpoint_check
 
 STAGING, PRODUCTION = "staging", "production"
 STAGES = (STAGING, PRODUCTION)
@@ -41,7 +45,8 @@ PASS, FAIL = "pass", "fail"
 TEST, PROMOTED = endpoint_check.PREFIX, "promoted_at"
 RETEST = "staging_retest_at"  # deploy N asked for a new staging test of a version tested before
 BUSY = ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting")
-ALERTS = ("test", "promotion", "rollback", "no-rollback", "deploy-failed")  # outcome actions that are alerts
+ALERTS = ("test", "held", "promotion", "rollback", "no-rollback", "deploy-failed")  # outcome actions that are alerts
+CHALLENGE_ACTIONS = {challenge.PASS: "challenge-passed", challenge.HOLD: "held", challenge.DUE: "challenge-due"}
 
 
 class Refused(ValueError):
@@ -109,6 +114,9 @@ class Policy:
     p95_ms: float = 500.0
     p50_factor: float = 5.0
     p50_overhead_ms: float = 20.0
+    challenge_metric: str = "accuracy"  # the gate's metric (evaluation.gate_metric): accuracy or macro_f1
+    challenge_rows: int = 4000  # rows of the candidate's sample that production is sent
+    challenge_tolerance: float = 0.01  # promoted when its interval's lower end is above minus this
 
 
 @dataclass(frozen=True)
@@ -152,8 +160,11 @@ class Account(Protocol):
 
 
 def rollback_target(approved: list[Version], exclude: int | None) -> Version | None:
-    """The newest Approved version other than `exclude` that passed its staging test."""
-    return max((v for v in approved if v.passed and v.number != exclude), key=lambda v: v.number, default=None)
+    """The newest Approved version other than `exclude` that passed its staging test and was not held as worse than
+    production (unless a person promoted it)."""
+    return max((v for v in approved if v.passed and v.number != exclude and (
+        v.metadata.get(challenge.PREFIX) != challenge.HOLD or v.metadata.get(PROMOTED))),
+        key=lambda v: v.number, default=None)
 
 
 def _rollback(approved: list[Version], endpoint: Endpoint) -> Decision:
@@ -284,6 +295,10 @@ class Lifecycle:
             if line:
                 outcomes.append(self._outcome(stage, endpoint.name, "scaling", target.number, f"{stage} "
                                               f"{endpoint.name}: {line}"))
+            due = [v for v in self.account.approved() if v.passed and v.number > target.number
+                   and v.metadata.get(challenge.PREFIX) == challenge.DUE]
+            if due:  # compared once production was no longer busy
+                outcomes += self.challenge(max(due, key=lambda v: v.number))
         return outcomes
 
     def test(self, version: Version, endpoint: Endpoint) -> list[dict[str, Any]]:
@@ -303,10 +318,63 @@ class Lifecycle:
         self.account.set_metadata(version, values)
         line = f"staging test of version {version.number} on {endpoint.name}: {endpoint_check.summary(result)}"
         outcomes = [self._outcome(STAGING, endpoint.name, "test", version.number, line, test=result)]
-        if result["passed"] and self.policy.auto_promote:
-            tested = Version(version.number, version.status, {**version.metadata, **values}, version.arn)
-            outcomes += self.promote(tested, automatic=True)
+        if result["passed"]:
+            outcomes += self.challenge(Version(version.number, version.status, {**version.metadata, **values},
+                                               version.arn))
         return outcomes
+
+    def challenge(self, version: Version) -> list[dict[str, Any]]:
+        """Compare a version that passed its staging test with production (steps/deploy/challenge.py), record the
+        verdict in its metadata, and promote it when it passes and auto_promote is on (else it waits for a person)."""
+        result = self._challenge(version)
+        if result is None:  # nothing in production to beat (or it serves this version): promoted as it stands
+            return self.promote(version, automatic=True) if self.policy.auto_promote else []
+        values = challenge.metadata(result, self.now())
+        self.account.set_metadata(version, values)
+        name = self.account.endpoint(PRODUCTION).name
+        outcomes = [self._outcome(PRODUCTION, name, CHALLENGE_ACTIONS[result["verdict"]], version.number,
+                                  f"production {name}: version {version.number} {result['reason']}",
+                                  challenge=result)]
+        if result["verdict"] == challenge.PASS and self.policy.auto_promote:
+            outcomes += self.promote(Version(version.number, version.status, {**version.metadata, **values},
+                                             version.arn), automatic=True)
+        return outcomes
+
+    def _challenge(self, version: Version) -> dict[str, Any] | None:
+        endpoint = self.account.endpoint(PRODUCTION)
+        if endpoint.version is None or endpoint.version == version.number:
+            return None
+        if endpoint.busy:
+            return challenge.verdict(challenge.DUE, f"is compared with production once {endpoint.name} is InService "
+                                                    f"(it is {endpoint.status})", endpoint.version)
+        champion = self.account.version(endpoint.version)
+        ours, theirs = (v.metadata.get(challenge.DIGEST, "") if v else "" for v in (version, champion))
+        if ours != theirs:
+            return challenge.verdict(challenge.HOLD, f"has another label set than production version "
+                                                     f"{endpoint.version} (label_digest {ours or '-'} against "
+                                                     f"{theirs or '-'}): not compared, left for a person (promote N)",
+                                     endpoint.version)
+        try:
+            rows = endpoint_check.pick(self.account.sample(version), self.policy.challenge_rows)
+        except (endpoint_check.SampleError, OSError) as e:
+            return challenge.verdict(challenge.HOLD, f"has no labelled sample to compare on ({e}): left for a "
+                                                     f"person (promote N)", endpoint.version)
+        staging = self.account.endpoint(STAGING)
+        if staging.version != version.number or staging.busy:
+            return challenge.verdict(challenge.HOLD, f"could not be compared: staging {staging.name} no longer serves "
+                                                     f"it (deploy N compares it again)", endpoint.version)
+        answers: dict[str, list[str]] = {}
+        for stage in (STAGING, PRODUCTION):
+            asked = rows[:len(answers[STAGING])] if answers else rows  # production: the rows staging answered
+            name = self.account.endpoint(stage).name
+            answers[stage], problem = challenge.ask(self.account.runtime(stage), name, asked,
+                                                    self.account.test_seconds())
+            if problem or not answers[stage]:
+                why = problem or "out of time before its first answer"
+                return challenge.verdict(challenge.HOLD, f"could not be compared: {stage} {name}: {why}; left for a "
+                                                         f"person (promote N)", endpoint.version)
+        return challenge.compare(rows, answers[STAGING], answers[PRODUCTION], self.policy.challenge_metric,
+                                 self.policy.challenge_tolerance, endpoint.version)
 
     def _version(self, version: Version | int) -> Version:
         found = self.account.version(version) if isinstance(version, int) else version

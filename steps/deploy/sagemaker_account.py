@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from steps.contract import EXPERIMENT_ENV, TRACKING_URI_ENV
-from steps.deploy import endpoint_check, lifecycle
+from steps.deploy import challenge, endpoint_check, lifecycle
 from steps.deploy import sagemaker_endpoints as endpoints
 
 SUBJECT_LIMIT = 99  # SNS: a subject is under 100 ASCII characters, one line
@@ -92,7 +92,14 @@ class Settings:
                                                                   str(default.max_accuracy_drop))),
                                       p95_ms=float(get("TEST_P95_MS", str(default.p95_ms))),
                                       p50_factor=float(get("TEST_P50_FACTOR", str(default.p50_factor))),
-                                      p50_overhead_ms=float(get("TEST_P50_OVERHEAD_MS", str(default.p50_overhead_ms))))
+                                      p50_overhead_ms=float(get("TEST_P50_OVERHEAD_MS", str(default.p50_overhead_ms))),
+                                      challenge_metric=get("CHALLENGE_METRIC", default.challenge_metric),
+                                      challenge_rows=int(get("CHALLENGE_ROWS", str(default.challenge_rows))),
+                                      challenge_tolerance=float(get("CHALLENGE_TOLERANCE",
+                                                                    str(default.challenge_tolerance))))
+            if policy.challenge_metric not in challenge.METRICS:
+                raise ValueError(f"CHALLENGE_METRIC={policy.challenge_metric!r}: expected one of "
+                                 f"{', '.join(challenge.METRICS)}")
         except ValueError as e:
             raise endpoints.DeployError(f"the deploy Lambda's environment: {e}") from None
         return cls(get("MODEL_PACKAGE_GROUP"), staging, production, env.get("SAGEMAKER_ROLE_ARN") or None,
@@ -117,6 +124,9 @@ class Settings:
             "TEST_P95_MS": repr(float(policy.p95_ms)),
             "TEST_P50_FACTOR": repr(float(policy.p50_factor)),
             "TEST_P50_OVERHEAD_MS": repr(float(policy.p50_overhead_ms)),
+            "CHALLENGE_METRIC": policy.challenge_metric,
+            "CHALLENGE_ROWS": str(policy.challenge_rows),
+            "CHALLENGE_TOLERANCE": repr(float(policy.challenge_tolerance)),
             "SCALING_MIN_INSTANCES": str(low),
             "SCALING_MAX_INSTANCES": str(high),
             "SCALING_TARGET_INVOCATIONS": repr(float(target)),

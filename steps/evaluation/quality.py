@@ -21,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from steps import paired
+from steps.paired import Z95
+
 BOOTSTRAP_RESAMPLES = 200
 NAN = float("nan")
 MIN_ROWS_FOR_DEVIATION = 200  # Model Monitor gives standard deviations only from this many samples, else NaN
 CURVE_POINTS = 101
-Z95 = 1.959964
 
 
 def _rates(cm: np.ndarray) -> dict[str, np.ndarray]:
@@ -201,15 +203,9 @@ def wilson_interval(successes: int, n: int) -> tuple[float, float]:
 
 
 def paired_difference(first: np.ndarray, second: np.ndarray) -> tuple[float, float, float]:
-    """mean(first) - mean(second) for two 0/1 outcomes of the same rows, with its 95% interval (Agresti and Min
-    2005: 0.5 added to each cell of the paired 2x2 table, so that no discordant pair still gives a width)."""
+    """mean(first) - mean(second) for two 0/1 outcomes of the same rows, with its 95% interval (paired.difference)."""
     first, second = first.astype(bool), second.astype(bool)
-    n = len(first)
-    b, c = int((first & ~second).sum()), int((~first & second).sum())
-    b2, c2, n2 = b + 0.5, c + 0.5, n + 2
-    center = (b2 - c2) / n2
-    half = Z95 * math.sqrt(max((b2 + c2) / n2 - center**2, 0.0) / n2)
-    return (b - c) / n if n else 0.0, max(-1.0, center - half), min(1.0, center + half)
+    return paired.difference(int((first & ~second).sum()), int((~first & second).sum()), len(first))
 
 
 def median_ms(run: Callable[[int], object], count: int, most: int = 50) -> float:
