@@ -218,6 +218,8 @@ class Steps(StepParts):
                     self.s3_input(contract.TRACKING_INPUT, tracking_prefix(self.cfg), contract.TRACKING_DIR),
                     self.s3_input("model", train.properties.ModelArtifacts.S3ModelArtifacts, contract.MODEL_DIR),
                     self.s3_input("test", self.output(tokenize, "test"), contract.TEST_DIR),
+                    *([self.s3_input("train", self.output(tokenize, "train"), contract.TRAIN_DIR)]
+                      if evaluation.baseline_rows else []),
                 ],
                 outputs=[
                     self.s3_output(contract.EVALUATION_OUTPUT, contract.EVALUATION_DIR),
@@ -227,6 +229,7 @@ class Steps(StepParts):
                     *arguments({
                         "--model-dir": contract.MODEL_DIR,
                         "--test-dir": contract.TEST_DIR,
+                        "--train-dir": contract.TRAIN_DIR,
                         "--output-dir": contract.EVALUATION_DIR,
                         "--serving-dir": contract.SERVING_DIR,
                         "--sample-size": str(evaluation.sample_size),
@@ -234,6 +237,8 @@ class Steps(StepParts):
                         "--seed": str(self.cfg.training.seed),
                         "--tracking-dir": contract.TRACKING_DIR,
                         "--int8-tolerance": str(evaluation.int8_tolerance),
+                        "--baseline-rows": str(evaluation.baseline_rows),
+                        "--gate-metric": evaluation.gate_metric,
                     }),
                     "--int8" if evaluation.int8 else "--no-int8",
                 ],
@@ -246,13 +251,15 @@ class Steps(StepParts):
     # 4. AccuracyGate: register the model, or fail.
     def accuracy_gate(self, evaluate: ProcessingStep, report: PropertyFile, register: ModelStep,
                       too_low: FailStep) -> ConditionStep:
-        from sagemaker.core.workflow import ConditionGreaterThanOrEqualTo
+        from sagemaker.core.workflow import ConditionGreaterThan, ConditionGreaterThanOrEqualTo
         from sagemaker.mlops.workflow.condition_step import ConditionStep
 
         gated = self.report_value(evaluate, report, contract.GATE_METRICS[self.cfg.evaluation.gate_metric])
+        beats = ([ConditionGreaterThan(left=self.report_value(evaluate, report, contract.BASELINE_MARGIN_PATH),
+                                       right=0.0)] if self.cfg.evaluation.beat_baseline else [])
         return ConditionStep(
             name=contract.ACCURACY_GATE,
-            conditions=[ConditionGreaterThanOrEqualTo(left=gated, right=self.parameters.accuracy_threshold)],
+            conditions=[ConditionGreaterThanOrEqualTo(left=gated, right=self.parameters.accuracy_threshold), *beats],
             if_steps=[register],
             else_steps=[too_low],
         )
@@ -315,6 +322,9 @@ class Steps(StepParts):
         return FailStep(name=contract.ACCURACY_TOO_LOW, error_message=Join(on=" ", values=[
             {"accuracy": "Accuracy", "macro_f1": "Macro-F1"}[metric], gated, "is below the threshold",
             self.parameters.accuracy_threshold,
+            *(["or does not lead the TF-IDF baseline: its lead is",
+               self.report_value(evaluate, report, contract.BASELINE_MARGIN_PATH)]
+              if self.cfg.evaluation.beat_baseline else []),
             "- the model was not registered.",
         ]))
 

@@ -45,6 +45,20 @@ def source_kind(source: str) -> str:
     return "hub" if HUB_ID.fullmatch(source) and ".." not in source else "folder"
 
 
+class StepError(Exception):
+    """A step's input or arguments are missing, unreadable or inconsistent: reported as one clear line, exit 1."""
+
+
+def sample_spec(source: str) -> tuple[int | None, int]:
+    """(rows or None for the default, classes) of a sample source: sample, sample:N or sample:N:K; ValueError saying
+    what is expected."""
+    parts = source.split(":")[1:]
+    if len(parts) > 2 or not all(part.isdigit() for part in parts) or parts and int(parts[0]) < 1 or (
+            len(parts) == 2 and int(parts[1]) < 2):
+        raise ValueError("expected sample, sample:N or sample:N:K with N >= 1 train rows and K >= 2 classes")
+    return (int(parts[0]) if parts else None), (int(parts[1]) if len(parts) == 2 else 2)
+
+
 # Tokenize's outputs: the splits and its statistics
 SPLITS = ("train", "validation", "test")
 STATS_OUTPUT = "stats"
@@ -59,6 +73,7 @@ DATA_DIR = f"{PROCESSING}/input/data"
 OUTPUT_DIR = f"{PROCESSING}/output"
 MODEL_DIR = f"{PROCESSING}/model"
 TEST_DIR = f"{PROCESSING}/test"
+TRAIN_DIR = f"{PROCESSING}/train"  # Evaluate's copy of the train split: the baseline's
 EVALUATION_DIR = f"{PROCESSING}/evaluation"
 ENTRY_POINT = "steps/run.py"  # run.py STEP (tokenize, evaluation): the entry point of both processing steps
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
@@ -71,6 +86,7 @@ SAMPLE_FILE = "endpoint_sample.jsonl"  # beside the report: labelled test rows a
 ACCURACY_PATH = "classification.accuracy.value"  # any number of classes
 BINARY_ACCURACY_PATH = "binary_classification_metrics.accuracy.value"  # where a report of an earlier Evaluate has it
 GATE_METRICS = {"accuracy": ACCURACY_PATH, "macro_f1": "classification.macro_f1.value"}  # evaluation.gate_metric
+BASELINE_MARGIN_PATH = "baseline.margin"  # the gate metric's lead over the TF-IDF baseline (evaluation.beat_baseline)
 LABEL_COUNT_PATH = "labels.count"  # the model's classes: how many, and a digest of their names (the registry's
 LABEL_DIGEST_PATH = "labels.digest"  # metadata holds both; the names live in the artifact's config.json)
 QUANTIZE_PATH = "inference.quantize"

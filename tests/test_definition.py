@@ -217,6 +217,31 @@ def test_the_gate_can_take_macro_f1_and_says_so_when_it_fails():
         load_config(ROOT / "pipeline.yaml", ["evaluation.gate_metric=f1"], environ={})
 
 
+def test_beat_baseline_adds_a_condition_on_the_baselines_margin_and_says_so_when_it_fails():
+    from pipeline.dag.expressions import Context, condition, evaluate
+
+    dag = json.loads(definition(load_config(ROOT / "pipeline.yaml", ["evaluation.beat_baseline=true"], environ={})))
+    found = flatten_steps(dag["Steps"])
+    threshold, baseline = found["AccuracyGate"]["Arguments"]["Conditions"]
+    assert baseline["LeftValue"]["Std:JsonGet"]["Path"] == "baseline.margin" and baseline["Type"] == "GreaterThan"
+    inputs = {i["InputName"] for i in found["Evaluate"]["Arguments"]["ProcessingInputs"]}
+    assert {"test", "train"} <= inputs  # the baseline fits on the train split
+    for margin, passes in ((0.02, True), (0.0, False), (-0.1, False)):
+        report = {"classification": {"accuracy": {"value": 0.9}}, "baseline": {"margin": margin}}
+        ctx = Context(parameters={"AccuracyThreshold": 0.85}, execution={}, properties={},
+                      property_files={("Evaluate", "EvaluationReport"): lambda r=report: r})
+        assert all(condition(c, ctx, "gate") for c in (threshold, baseline)) is passes
+    message = evaluate(found["AccuracyTooLow"]["Arguments"]["ErrorMessage"], ctx, "message")
+    assert message == ("Accuracy 0.9 is below the threshold 0.85 or does not lead the TF-IDF baseline: its lead is "
+                       "-0.1 - the model was not registered.")
+    plain = flatten_steps(json.loads(definition(load_config(ROOT / "pipeline.yaml", ["evaluation.baseline_rows=0"],
+                                                            environ={})))["Steps"])
+    assert "train" not in {i["InputName"] for i in plain["Evaluate"]["Arguments"]["ProcessingInputs"]}
+    with pytest.raises(ConfigError, match="evaluation.beat_baseline=true: expected evaluation.baseline_rows >= 1"):
+        load_config(ROOT / "pipeline.yaml", ["evaluation.beat_baseline=true", "evaluation.baseline_rows=0"],
+                    environ={})
+
+
 def test_register_and_deploy(steps):
     register = steps["RegisterModel"]["Arguments"]
     assert register["ModelPackageGroupName"] == "trainium-bert"

@@ -19,8 +19,8 @@ from fixtures_ml import STEPS, add_serving_code, build_model, build_tokenizer, s
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from steps.evaluation import baseline, quality
 from steps.evaluation import evaluate as ev
-from steps.evaluation import quality
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model runs fastest on one thread
 LABELS = [1, 0, 1, 1, 0, 0, 0]  # 3 positive of 7
@@ -551,6 +551,38 @@ def test_three_classes_get_the_multiclass_layout_and_per_class_metrics(tmp_path:
     assert sum(sum(row.values()) for row in multiclass["confusion_matrix"].values()) == 60
     assert result["dataset"]["per_class"] == dict.fromkeys(names, 20) and "positives" not in result["dataset"]
     assert result["check"]["agreement"] == 1.0
+
+
+def cue_rows(n: int, seed: int, classes: int = 3) -> list[Row]:
+    """random_rows whose label shows in one cue token (200 + label) among the noise, in four rows of five."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for ids, types, _ in random_rows(n, seed):
+        label = int(rng.integers(0, classes))
+        cue = 200 + label if rng.random() < 0.8 else int(rng.integers(5, 200))
+        rows.append(([*ids[:-1], cue, 3], [*types, 1], label))
+    return rows
+
+
+def test_the_tfidf_baseline_is_fitted_on_a_train_sample_and_scored_on_every_test_row(tmp_path: Path) -> None:
+    names = ("billing", "technical", "sales")
+    model = add_serving_code(build_model(tmp_path / "model", build_tokenizer(tmp_path / "tok"), seed=2, labels=names))
+    train = write_split(tmp_path / "train", cue_rows(600, seed=1), names=names)
+    test = write_split(tmp_path / "test", cue_rows(90, seed=2), names=names)
+    result = evaluate(model, test, tmp_path / "eval", "--train-dir", str(train), "--baseline-rows", "500",
+                      "--gate-metric", "macro_f1")
+    found = result["baseline"]
+    assert found["train_rows"] == 500 and found["metric"] == "macro_f1"  # a seeded sample of the 600
+    assert found["accuracy"] > 0.6 and found["macro_f1"] > 0.6  # the cue in 4 of 5 rows: it learns it
+    assert found["margin"] == pytest.approx(result["classification"]["macro_f1"]["value"] - found["macro_f1"],
+                                            abs=1e-5)
+    assert found["beaten"] is (found["margin"] > 0) and found["beaten"] is False  # a random model does not lead it
+    ids, labels = baseline.read_train(train, 500, seed=7)
+    again, same = baseline.read_train(train, 500, seed=7)
+    assert ids.equals(again) and (labels == same).all() and len(labels) == 500  # seeded
+    assert not ids.equals(baseline.read_train(train, 500, seed=8)[0])
+    with pytest.raises(ev.StepError, match="no Parquet files in train folder"):
+        baseline.read_train(tmp_path / "nowhere", 100, seed=7)
 
 
 def test_a_split_with_more_classes_than_the_model_is_refused(model_dir: Path, tmp_path: Path, capsys) -> None:

@@ -130,14 +130,15 @@ def test_evaluate_in_the_inference_image_adds_packages_and_changes_none(tmp_path
     assert "datasets" not in before and "pyarrow" not in before, "the install path must run"
     proc = run_step(python, "evaluation", *step_arguments("Evaluate"),
                     "--model-dir", str(model), "--test-dir", str(tmp_path / "test"),
-                    "--output-dir", str(tmp_path / "evaluation"), "--sample-size", "16")
+                    "--output-dir", str(tmp_path / "evaluation"), "--sample-size", "16",
+                    "--train-dir", str(tmp_path / "test"), "--baseline-rows", "1000")  # the baseline on the image's
     after = packages(python)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_only_added(before, after, proc)
     assert {"datasets", "evaluate", "pyarrow", "onnxruntime", "onnx"} <= set(after)
     assert before["transformers"] == after["transformers"] == image_set("inference")["transformers"]
     report = json.loads((tmp_path / "evaluation" / "evaluation.json").read_text())
-    assert report["dataset"]["rows"] == len(labels)
+    assert report["dataset"]["rows"] == len(labels) and report["baseline"]["train_rows"] == len(labels)
     assert 0 <= report["binary_classification_metrics"]["accuracy"]["value"] <= 1
     assert report["inference"]["quantize"] in ("int8", "none")
     assert report["inference"]["onnx"] and report["inference"]["onnx"]["onnxruntime"], report["inference"]  # built here

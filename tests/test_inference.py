@@ -104,7 +104,7 @@ def test_each_input_form_gives_the_reference_labels_in_input_order(fp32, model_d
     answer = json.loads(call(fp32, json.dumps({"inputs": TEXTS})))
     assert [a["label"] for a in answer] == [label for label, _ in expected]
     assert [a["score"] for a in answer] == pytest.approx([score for _, score in expected], abs=2e-4)
-    assert all(set(a) == {"label", "score"} for a in answer)
+    assert all(set(a) == {"label", "score", "probabilities"} for a in answer)
 
     want = [label for label, _ in expected]
     assert labels(call(fp32, json.dumps(TEXTS))) == want
@@ -213,6 +213,33 @@ def test_an_invalid_input_is_named_by_its_json_type(served, body: str, detail: s
     with pytest.raises(h.InferenceError) as raised:
         call(served, body, "application/json")
     assert json.loads(str(raised.value))["detail"] == detail
+
+
+def test_every_class_has_its_probability_top_k_orders_them_and_csv_answers_the_same(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    from fixtures_ml import build_model
+
+    names = ("billing", "technical", "sales")
+    folder = tmp_path_factory.mktemp("three")
+    model = h.model_fn(str(add_serving_code(build_model(folder / "model", build_tokenizer(folder / "tok"),
+                                                        seed=3, labels=names))))
+    answer = json.loads(call(model, json.dumps({"inputs": TEXTS[:3], "parameters": {"top_k": 2}})))
+    for item in answer:
+        probabilities = item["probabilities"]
+        assert list(probabilities) == list(names) and sum(probabilities.values()) == pytest.approx(1, abs=1e-5)
+        assert item["score"] == probabilities[item["label"]] == max(probabilities.values())
+        ranked = sorted(probabilities, key=lambda name: -probabilities[name])
+        assert item["top_k"] == [{"label": name, "score": probabilities[name]} for name in ranked[:2]]
+    plain = json.loads(call(model, json.dumps(TEXTS[:3])))
+    assert [{k: v for k, v in a.items() if k != "top_k"} for a in answer] == plain and "top_k" not in plain[0]
+    table = call(model, json.dumps(TEXTS[:3]), accept="text/csv").splitlines()
+    assert table[0] == "label,score,truncated,probability:billing,probability:technical,probability:sales"
+    assert table[1:] == [",".join([a["label"], str(a["score"]), "false", *map(str, a["probabilities"].values())])
+                         for a in plain]
+    for bad in (0, "2", True, 1.5):
+        with pytest.raises(h.InferenceError) as raised:
+            call(model, json.dumps({"inputs": "great", "parameters": {"top_k": bad}}))
+        assert raised.value.status == 400 and "parameters.top_k" in raised.value.detail
 
 
 def test_invalid_utf8_and_unsupported_accept(served) -> None:

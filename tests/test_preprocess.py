@@ -601,6 +601,31 @@ def test_any_number_of_classes_and_a_single_one_refused(tok_dir: Path, tmp_path:
     assert not (tmp_path / "o" / "train").exists()
 
 
+@pytest.mark.parametrize("classes", [3, 20])
+def test_a_sample_of_k_classes_names_them_and_balances_every_split(tok_dir: Path, tmp_path: Path,
+                                                                     classes: int) -> None:
+    names = rev.class_names(classes)
+    stats = run(tok_dir, f"sample:{classes * 20}:{classes}", tmp_path / "out", "--labels", "null")
+    assert stats["labels"] == sorted(names) == names  # product and polarity, found in the train split
+    assert stats["output"]["validation"]["labels"] == dict.fromkeys(names, 4)  # 0.2 of 20 per class, stratified
+    assert stats["output"]["train"]["labels"] == dict.fromkeys(names, 16)
+    assert stats["output"]["test"]["labels"] == dict.fromkeys(names, 2)  # its classes * 2 rows
+    test = read(tmp_path / "out", "test")
+    assert sorted(set(test["label"].to_pylist())) == list(range(classes))
+
+
+def test_a_sample_of_k_classes_is_deterministic_and_reads_as_reviews() -> None:
+    rows = list(rev.sample_reviews("train", 60, 3, classes=3))
+    assert rows == list(rev.sample_reviews("train", 60, 3, classes=3))
+    assert [sum(label == k for label, _, _ in rows) for k in range(3)] == [20, 20, 20]
+    products = [name.rpartition(" ")[0] for name in rev.class_names(3)]  # air fryer, air fryer, backpack
+    about = [any(aspect in content for aspect in rev.PRODUCTS[products[label]]) for label, _, content in rows]
+    assert sum(about) >= 0.7 * len(rows)  # most name an aspect of their class's product (the rest: verdicts only)
+    assert list(rev.sample_reviews("train", 4, 3)) == list(rev.sample_reviews("train", 4, 3, classes=2))
+    with pytest.raises(ValueError, match="a sample has 2 to 24 classes, not 25"):
+        rev.class_names(25)
+
+
 def test_found_labels_are_sorted_and_one_per_spelling_ignoring_case() -> None:
     def chunks(*labels: object):
         return iter([(pa.table({"label": list(labels)}), rd.Drops()), (None, rd.Drops())])

@@ -66,8 +66,11 @@ def test_a_folder_named_like_the_hub_dataset_does_not_change_the_definition(tmp_
 
 
 @pytest.mark.parametrize(("source", "message"), [
-    ("sample:abc", "data.source='sample:abc': expected sample or sample:N with N a whole number >= 1"),
-    ("sample:0", "data.source='sample:0': expected sample or sample:N"),
+    ("sample:abc", "data.source='sample:abc': expected sample, sample:N or sample:N:K with N >= 1 train rows and K >= 2"
+                   " classes"),
+    ("sample:0", "data.source='sample:0': expected sample, sample:N or sample:N:K"),
+    ("sample:10:1", "data.source='sample:10:1': expected sample, sample:N or sample:N:K"),
+    ("sample:10:25", "data.source='sample:10:25': a sample has 2 to 24 classes, not 25"),
     ("s3://", "data.source='s3://': expected an S3 URI like s3://bucket/prefix/"),
 ])
 def test_a_bad_source_names_the_field(source: str, message: str) -> None:

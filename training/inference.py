@@ -6,9 +6,12 @@ and ignored) or a bare string or list, where a text is a string or a {"text": ti
 (encoded as the Tokenize step encodes training rows: a blank title leaves the content alone; a pair alone is one
 input); text/csv, one review per line (RFC 4180 quoting), or the Hugging Face toolkit's CSV (a header naming an
 "inputs" column, whose values are the reviews); text/plain, one review. Responses (Accept, UTF-8):
-application/json (default), a list of ``{"label": "positive"|"negative", "score"}`` in input order, or
-application/jsonlines (when it is the only type the Accept header names). A text over the maximum length is
-truncated and says ``"truncated": true``. Bad input raises ``InferenceError``: message the JSON ``{"error": CODE,
+application/json (default), a list of ``{"label": NAME, "score", "probabilities": {NAME: p, ...}}`` in input order
+(the model's label names, every class's probability), with ``"top_k": [{"label", "score"}, ...]`` the k likeliest
+where the JSON request's parameters ask (``{"inputs": ..., "parameters": {"top_k": k}}``, Hugging Face's name);
+application/jsonlines (when it is the only type the Accept header names), the same a line each; text/csv, a header
+``label,score,truncated,probability:NAME...`` and a row per text. A text over the maximum length is truncated and
+says ``"truncated": true``. Bad input raises ``InferenceError``: message the JSON ``{"error": CODE,
 "detail": ...}``, ``status`` the HTTP status (400, 406, 413, 415; the container answers 400 with the message). No
 request can break the loaded model.
 
@@ -212,8 +215,8 @@ class Classifier:
         mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
         return ids, None if mask.all() else mask.astype(np.int64), types if types.any() else None
 
-    def __call__(self, texts: list[Text]) -> list[dict[str, Any]]:
-        """Label and probability of each text, in input order."""
+    def __call__(self, texts: list[Text], top_k: int | None = None) -> list[dict[str, Any]]:
+        """Label and probabilities of each text, in input order (with `top_k`, the k likeliest labels too)."""
         encoded = self.encode(texts)
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i][0]))
         results: list[dict[str, Any]] = [{}] * len(texts)
@@ -225,7 +228,12 @@ class Classifier:
             for r, i in enumerate(rows):
                 best = int(probs[r].argmax())
                 truncated = {"truncated": True} if encoded[i][2] else {}
-                results[i] = {"label": self.labels[best], "score": round(float(probs[r, best]), 6), **truncated}
+                scores = [round(float(p), 6) for p in probs[r]]
+                results[i] = {"label": self.labels[best], "score": scores[best],
+                              "probabilities": dict(zip(self.labels, scores, strict=True)), **truncated}
+                if top_k:
+                    likeliest = sorted(range(len(scores)), key=lambda k: -scores[k])[:top_k]
+                    results[i]["top_k"] = [{"label": self.labels[k], "score": scores[k]} for k in likeliest]
         return results
 
 
@@ -324,7 +332,21 @@ def _decode(data: str | bytes | bytearray, charset: str | None) -> str:
         raise InferenceError(400, "InvalidEncoding", f"the body is not valid {charset or 'utf-8'}: {e}") from None
 
 
-def _texts_from_json(body: str) -> list[Text]:
+class Texts(list):
+    """The texts of a request, and what its parameters ask for (top_k: the k likeliest labels of each)."""
+
+    top_k: int | None = None
+
+
+def _top_k(parameters: dict[str, Any]) -> int | None:
+    top_k = parameters.get("top_k")
+    if top_k is not None and not (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1):
+        raise InferenceError(400, "InvalidInput", f"parameters.top_k is {json_type(top_k)}: expected a whole number "
+                             ">= 1")
+    return top_k
+
+
+def _texts_from_json(body: str) -> Texts:
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as e:
@@ -336,7 +358,10 @@ def _texts_from_json(body: str) -> list[Text]:
             raise InferenceError(400, "InvalidInput", f'expected {{"inputs": "text" | [text, ...]}}, found {found}')
         if "parameters" in payload and not isinstance(payload["parameters"], dict):
             raise InferenceError(400, "InvalidInput", "parameters must be a JSON object")
+        top_k = _top_k(payload.get("parameters") or {})
         payload = payload["inputs"]
+    else:
+        top_k = None
     pair = {"text", "text_pair"}
     if isinstance(payload, str) or isinstance(payload, dict) and set(payload) == pair:
         payload = [payload]  # one review, or one pair (as Hugging Face's text-classification pipeline takes it)
@@ -347,7 +372,9 @@ def _texts_from_json(body: str) -> list[Text]:
                 and all(isinstance(v, str) for v in item.values())):
             raise InferenceError(400, "InvalidInput", f"inputs[{i}] is {json_type(item)}: expected a string "
                                  'or {"text": str, "text_pair": str}')
-    return [item if isinstance(item, str) else _pair(item["text"], item["text_pair"]) for item in payload]
+    texts = Texts(item if isinstance(item, str) else _pair(item["text"], item["text_pair"]) for item in payload)
+    texts.top_k = top_k
+    return texts
 
 
 def json_type(value: Any) -> str:
@@ -380,8 +407,9 @@ def _texts_from_csv(body: str) -> list[str]:
     return [",".join(row) for row in rows]  # unquoted commas split a review: join it back
 
 
-def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Text]:
-    """Parse and check a request body; returns the texts to classify or raises InferenceError."""
+def input_fn(input_data: str | bytes | bytearray, content_type: str) -> Texts:
+    """Parse and check a request body; returns the texts to classify (and what the request asks of the answers) or
+    raises InferenceError."""
     if len(input_data) > MAX_PAYLOAD_BYTES:
         raise InferenceError(
             413, "PayloadTooLarge", f"the body has {len(input_data)} bytes, over the {MAX_PAYLOAD_BYTES} bytes limit"
@@ -390,9 +418,9 @@ def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Tex
     if kind == JSON:
         texts = _texts_from_json(_decode(input_data, charset))
     elif kind == CSV:
-        texts = _texts_from_csv(_decode(input_data, charset))
+        texts = Texts(_texts_from_csv(_decode(input_data, charset)))
     elif kind == TEXT:
-        texts = [_decode(input_data, charset)]
+        texts = Texts([_decode(input_data, charset)])
     else:
         raise InferenceError(415, "UnsupportedContentType", f"content type {kind!r}: use {JSON}, {CSV} or {TEXT}")
     if not texts:
@@ -409,22 +437,36 @@ def input_fn(input_data: str | bytes | bytearray, content_type: str) -> list[Tex
 
 
 def predict_fn(data: list[Text], model: Classifier, context: Any = None) -> list[dict[str, Any]]:
-    """One {"label", "score"} (and "truncated": true when cut) per text, in order; over INFERENCE_MAX_TEXTS: 413.
+    """One {"label", "score", "probabilities"} (and "top_k" where asked, "truncated": true when cut) per text, in
+    order; over INFERENCE_MAX_TEXTS: 413.
     The model server's `context` gets the variant: the response's CustomAttributes `inference-variant=<variant>`."""
     if len(data) > model.max_texts:
         raise InferenceError(413, "TooManyTexts", f"{len(data)} texts in one request, the limit is {model.max_texts}")
     if context is not None:
         context.set_response_header(0, "X-Amzn-SageMaker-Custom-Attributes", f"{VARIANT_ATTRIBUTE}={model.variant}")
-    return model(data)
+    return model(data, getattr(data, "top_k", None))
+
+
+def _csv(prediction: list[dict[str, Any]]) -> str:
+    names = list(prediction[0]["probabilities"]) if prediction else []
+    out = io.StringIO(newline="")
+    rows = csv.writer(out, lineterminator="\n")
+    rows.writerow(["label", "score", "truncated", *(f"probability:{name}" for name in names)])
+    for p in prediction:
+        rows.writerow([p["label"], p["score"], str(bool(p.get("truncated"))).lower(),
+                       *(p["probabilities"][name] for name in names)])
+    return out.getvalue()
 
 
 def output_fn(prediction: list[dict[str, Any]], accept: str) -> str:
-    """Serialise as a JSON list, or JSON Lines when the Accept header is a JSON Lines type alone (the container
+    """Serialise as a JSON list, or JSON Lines or CSV when the Accept header names that type alone (the container
     sends the Accept header back as the response's Content-Type, so a list or a wildcard answers JSON)."""
     offered = [_media_type(part) for part in (accept or JSON).split(",")]
     offered = [kind for kind, charset in offered if charset in (None, "utf-8", "utf8")]  # the answer is UTF-8
     if len(offered) == 1 and offered[0] in JSONLINES_TYPES:
         return "".join(json.dumps(p) + "\n" for p in prediction)
+    if offered == [CSV]:
+        return _csv(prediction)
     if any(kind in (JSON, "*/*", "application/*", "", *JSONLINES_TYPES) for kind in offered):
         return json.dumps(prediction)
-    raise InferenceError(406, "UnsupportedAccept", f"accept {accept!r}: use {JSON} or {JSONLINES} (UTF-8)")
+    raise InferenceError(406, "UnsupportedAccept", f"accept {accept!r}: use {JSON}, {JSONLINES} or {CSV} (UTF-8)")

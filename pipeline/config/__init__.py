@@ -21,7 +21,8 @@ from pipeline.dag.durations import expire_after
 from pipeline.errors import ConfigError, UserError
 from pipeline.prices import DEFAULT_PRICES
 from steps import contract
-from steps.contract import APPROVAL_STATUSES, PENDING, source_kind
+from steps.contract import APPROVAL_STATUSES, PENDING, sample_spec, source_kind
+from steps.tokenize import reviews
 
 # Account-specific values that may come from the environment instead of the file.
 EXECUTION_ID_LENGTH = 12  # pipelines-<12 characters>-... : an execution id's length in its ARN and its jobs' names
@@ -105,6 +106,18 @@ class Data(Section):
                              "[negative, positive], or null for the train split's labels")
         return names
 
+    @model_validator(mode="after")
+    def _sample_labels(self) -> Data:
+        """A sample of more than two classes labels its rows by name (two: 0 / 1, named by data.labels)."""
+        if source_kind(self.source) != "sample" or self.labels is None:
+            return self
+        classes = sample_spec(self.source)[1]
+        names = reviews.class_names(classes)
+        if classes > 2 and sorted(name.lower() for name in self.labels) != sorted(names):
+            raise ValueError(f"data.labels={self.labels!r}: the sample {self.source!r} has the classes {names}: "
+                             "expected null (found in the train split) or those names")
+        return self
+
     @property
     def is_s3(self) -> bool:
         return self.source.startswith("s3://")
@@ -117,14 +130,16 @@ class Data(Section):
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
-        expected = ("expected an S3 URI like s3://bucket/prefix/, a Hub dataset name (NAME or OWNER/NAME), sample[:N] "
-                    "or a local folder written as a path (./data, /data)")
+        expected = ("expected an S3 URI like s3://bucket/prefix/, a Hub dataset name (NAME or OWNER/NAME), "
+                    "sample[:N[:K]] or a local folder written as a path (./data, /data)")
         kind = source_kind(v)
         if kind == "s3" and not re.match(S3_URI, v):
             raise ValueError(f"data.source={v!r}: {expected}")
-        rows = v.partition(":")[2]
-        if kind == "sample" and v != "sample" and not (rows.isdigit() and int(rows) >= 1):
-            raise ValueError(f"data.source={v!r}: expected sample or sample:N with N a whole number >= 1")
+        if kind == "sample":
+            try:
+                reviews.class_names(sample_spec(v)[1])
+            except ValueError as e:
+                raise ValueError(f"data.source={v!r}: {e}") from None
         v = os.path.expanduser(v) if kind == "folder" else v  # ~ is not a character the registry's metadata takes
         if not tag_text(v, METADATA_VALUE_LENGTH):
             raise ValueError(f"data.source={v!r}: expected at most {METADATA_VALUE_LENGTH} characters of "
@@ -143,9 +158,18 @@ class Evaluation(ProcessingResources):
     accuracy_threshold: float = Field(default=0.85, ge=0, le=1)
     gate_metric: Literal["accuracy", "macro_f1"] = "accuracy"  # what AccuracyThreshold gates (steps/contract.py)
     sample_size: int = Field(default=4000, ge=1)
+    baseline_rows: int = Field(default=100_000, ge=0)  # TF-IDF + logistic regression fitted on this many train rows
+    beat_baseline: bool = False  # the gate also asks that the model lead that baseline on gate_metric
     min_agreement: float = Field(default=0.99, ge=0, le=1)
     int8: bool = True
     int8_tolerance: float = Field(default=0.005, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _baseline(self) -> Evaluation:
+        if self.beat_baseline and not self.baseline_rows:
+            raise ValueError("evaluation.beat_baseline=true: expected evaluation.baseline_rows >= 1 (a baseline to "
+                             "beat)")
+        return self
 
 
 class Registry(Section):

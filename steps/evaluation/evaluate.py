@@ -67,16 +67,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from steps.contract import MODEL_ARCHIVE, PREDICTIONS_FILE, REPORT_FILE, SERVING_DIR, TEXT_COLUMNS
-from steps.evaluation import endpoint_sample, evaluation_tracking, quality, serving
+from steps.contract import MODEL_ARCHIVE, PREDICTIONS_FILE, REPORT_FILE, SERVING_DIR, TEXT_COLUMNS, StepError
+from steps.evaluation import baseline, endpoint_sample, evaluation_tracking, quality, serving
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "accuracy"
 COLUMNS = ("input_ids", "token_type_ids", "label")
 VARIANTS = (("onnxruntime", "int8"), ("onnxruntime", "none"), ("torch", "int8"))  # the faster ones, fastest first
-
-
-class StepError(Exception):
-    """A missing, unreadable or inconsistent input, reported as one clear line."""
 
 
 def find_model(model_dir: Path, scratch: Path) -> tuple[Path, Path]:
@@ -334,6 +330,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             layout = {"multiclass_classification_metrics": quality.multiclass_classification_metrics(classification)}
 
+        compared = None
+        if args.baseline_rows:
+            model_scores = {"accuracy": classification["accuracy"]["value"],
+                            "macro_f1": classification["macro_f1"]["value"]}
+            compared = baseline.score(Path(args.train_dir), table, labels, names, args.baseline_rows, args.seed,
+                                      model_scores, args.gate_metric)
         sample = stratified_sample(labels, args.sample_size, args.seed)
         rows = table.take(pa.array(sample))
         endpoint_sample.write(args.output_dir, rows, labels[sample], predictions[sample], names)  # endpoint test
@@ -356,6 +358,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    "digest": hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]},
         "dataset": {"rows": len(labels), **({"positives": int(counts[1])} if len(names) == 2 else {}),
                     "per_class": {name: int(n) for name, n in zip(names, counts, strict=True)}, "predictions": source},
+        **({"baseline": compared} if compared else {}),
         "check": checked,
         "inference": {**inference, "fp32_accuracy": classification["accuracy"]["value"], "onnx": onnx},
         "seconds": round(time.perf_counter() - t0, 3),
@@ -366,7 +369,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(
         f"evaluated {len(labels)} rows of {len(names)} classes (predictions: {source}) in {result['seconds']:.1f} s: "
         f"accuracy={classification['accuracy']['value']:.4f} macro_f1={classification['macro_f1']['value']:.4f}; "
-        f"cpu check on {len(sample)} rows: agreement {checked['agreement']:.4f}; "
+        + (f"baseline {compared['metric']} {compared[compared['metric']]:.4f} ({compared['train_rows']} train rows, "
+           f"{compared['seconds']:.1f} s); " if compared else "")
+        + f"cpu check on {len(sample)} rows: agreement {checked['agreement']:.4f}; "
         f"endpoint variant {inference['variant']} ({inference['reason']})",
         flush=True,
     )
@@ -384,6 +389,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default="/opt/ml/processing/model")
     p.add_argument("--test-dir", default="/opt/ml/processing/test")
+    p.add_argument("--train-dir", default="/opt/ml/processing/train", help="the train split (the baseline's)")
     p.add_argument("--output-dir", default="/opt/ml/processing/evaluation")
     p.add_argument("--serving-dir", default=SERVING_DIR,
                    help="where the serving artifact (model.tar.gz) is written")
@@ -393,6 +399,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     given.add_argument("--min-agreement", type=float, required=True,
                        help="least share of sampled rows on which the CPU agrees with the Train step's predictions")
     given.add_argument("--seed", type=int, required=True)
+    given.add_argument("--baseline-rows", type=int, required=True,
+                       help="train rows the TF-IDF + logistic regression baseline is fitted on (0: no baseline)")
+    given.add_argument("--gate-metric", choices=("accuracy", "macro_f1"), required=True,
+                       help="the metric the gate reads: the baseline's margin is the model's lead on it")
     given.add_argument("--int8", action=argparse.BooleanOptionalAction, required=True,
                        help="consider the int8 variants for the endpoint")
     given.add_argument("--int8-tolerance", type=float, required=True,
@@ -401,8 +411,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
                    help="consider the ONNX Runtime variants for the endpoint (default on)")
     args = p.parse_args(argv)
-    if args.batch_size < 1 or args.sample_size < 1:
-        p.error("--batch-size and --sample-size must be at least 1")
+    if args.batch_size < 1 or args.sample_size < 1 or args.baseline_rows < 0:
+        p.error("--batch-size and --sample-size must be at least 1, --baseline-rows at least 0")
     if not 0 <= args.int8_tolerance <= 1 or not 0 <= args.min_agreement <= 1:
         p.error("--int8-tolerance and --min-agreement must be between 0 and 1")
     return args

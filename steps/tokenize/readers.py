@@ -1,7 +1,7 @@
 """Input readers of the tokenize step: every source as chunks of (standardized table, rows dropped while reading).
 
 Sources (--source):
-  sample | sample:N   deterministic synthetic reviews (N train rows, N/10 test rows), see reviews.py
+  sample | sample:N[:K]  deterministic synthetic reviews (N train rows, N/10 test rows; K classes), see reviews.py
   s3://...            files the platform staged into --input-dir
   a local folder      CSV / Parquet / JSON Lines / Arrow files (optionally .gz) under it, written as a path
                       (/data, ./data, ~/data: steps.contract.source_kind); a save_to_disk folder is one too
@@ -59,7 +59,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from steps.contract import source_kind
+from steps.contract import StepError, sample_spec, source_kind
 from steps.tokenize import reviews
 from steps.tokenize.csv_records import BOM, READ_BYTES, RecordBlocks
 
@@ -102,10 +102,6 @@ class Columns:
         return tuple(v for n in found for v in dict.fromkeys((n, n.lower(), n.title(), n.upper())))
 
 
-class StepError(Exception):
-    """A problem with the input or the arguments, reported as one clear line."""
-
-
 @dataclass
 class Drops:
     """Rows a reader dropped, by reason, and where the first of each reason was ("file line N: what")."""
@@ -132,12 +128,13 @@ class Drops:
         return Drops(counts, {k: v for k, v in self.notes.items() if k in counts})
 
 
-def sample_chunks(split: str, rows: int, seed: int) -> Iterator[tuple[pa.Table, Drops]]:
-    """Deterministic synthetic reviews with exactly balanced labels (within each pair of rows)."""
-    generated = reviews.sample_reviews(split, rows, seed)
+def sample_chunks(split: str, rows: int, seed: int, classes: int = 2) -> Iterator[tuple[pa.Table, Drops]]:
+    """Deterministic synthetic reviews with exactly balanced labels: 0 / 1 for two classes, else their names."""
+    generated, names = reviews.sample_reviews(split, rows, seed, classes), reviews.class_names(classes)
     while chunk := list(islice(generated, CHUNK_ROWS)):
         labels, titles, contents = (list(column) for column in zip(*chunk, strict=True))
-        yield pa.table({"label": pa.array(labels, pa.int64()), "title": titles, "content": contents}), Drops()
+        label = pa.array(labels, pa.int64()) if classes == 2 else pa.array([names[i] for i in labels], pa.string())
+        yield pa.table({"label": label, "title": titles, "content": contents}), Drops()
 
 
 def _pick(names: list[str], candidates: tuple[str, ...]) -> str | None:
@@ -455,13 +452,13 @@ def source_chunks(args: argparse.Namespace) -> dict[str, Iterator[tuple[pa.Table
     kind = source_kind(source)
     if kind == "sample":
         try:
-            rows = int(source.partition(":")[2] or DEFAULT_SAMPLE_ROWS)
-        except ValueError:
-            raise StepError(f"--source {source}: expected sample or sample:N with N an integer") from None
-        if rows < 1:
-            raise StepError(f"--source {source}: N must be at least 1")
-        return {"train": sample_chunks("train", rows, args.seed),
-                "test": sample_chunks("test", max(1, rows // 10), args.seed)}
+            rows, classes = sample_spec(source)
+            reviews.class_names(classes)
+        except ValueError as e:
+            raise StepError(f"--source {source}: {e}") from None
+        rows = rows or DEFAULT_SAMPLE_ROWS
+        return {"train": sample_chunks("train", rows, args.seed, classes),
+                "test": sample_chunks("test", max(1, rows // 10), args.seed, classes)}
     if kind in ("s3", "folder"):
         root = Path(args.input_dir) if kind == "s3" else Path(source).expanduser()
         files = find_files(root)

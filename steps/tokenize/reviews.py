@@ -1,7 +1,10 @@
 """Sample reviews: synthetic Amazon-Polarity-like (title, content) reviews that the project makes itself.
 
 Mostly clear reviews, some mixed ones (the label wins), a few ambiguous ones, with negations, fillers and titles.
-Deterministic for a given split and seed; pure Python, so benchmarks can use it without pyarrow.
+Two classes: negative (0) / positive (1), of any product. More (up to MAX_CLASSES): each class a product and a
+polarity, named so ("air fryer negative", "air fryer positive", "backpack negative", ...: the first `classes` of
+them in that order). Deterministic for a given split, seed and class count; pure Python, so benchmarks can use it
+without pyarrow.
 """
 
 from __future__ import annotations
@@ -77,9 +80,23 @@ def _sentence(rng: random.Random, positive: bool, product: str, aspects: list[st
     return _fill(rng, text, product, aspect)
 
 
-def synthetic_review(rng: random.Random, label: int) -> tuple[str, str]:
-    """A (title, content) review: mostly clear, some mixed, a few ambiguous, with negations and fillers."""
-    product = rng.choice(sorted(PRODUCTS))
+MAX_CLASSES = 2 * len(PRODUCTS)
+
+
+def class_names(classes: int) -> list[str]:
+    """The label names of a sample of `classes` classes (2: negative, positive)."""
+    if not 2 <= classes <= MAX_CLASSES:
+        raise ValueError(f"a sample has 2 to {MAX_CLASSES} classes, not {classes}")
+    if classes == 2:
+        return ["negative", "positive"]
+    return [f"{product} {polarity}" for product in sorted(PRODUCTS) for polarity in ("negative", "positive")][:classes]
+
+
+def synthetic_review(rng: random.Random, label: int, product: str | None = None) -> tuple[str, str]:
+    """A (title, content) review (of `product`, else of one drawn): mostly clear, some mixed, a few ambiguous, with
+    negations and fillers; label 1 is praise."""
+    drawn = rng.choice(sorted(PRODUCTS))
+    product = product or drawn
     aspects = PRODUCTS[product]
     kind = rng.random()
     n = rng.choice([1, 2, 2, 3, 3, 4, 4, 5, 6, 8]) if rng.random() > 0.05 else rng.randint(12, 30)
@@ -115,13 +132,26 @@ def synthetic_review(rng: random.Random, label: int) -> tuple[str, str]:
     return title, " ".join(sentences)
 
 
-def sample_reviews(split: str, rows: int, seed: int) -> Iterator[tuple[int, str, str]]:
-    """`rows` (label, title, content) reviews of a split, labels exactly balanced within each pair of rows."""
-    rng = random.Random(f"sample-{split}-{seed}")
-    first = 0
+def sample_reviews(split: str, rows: int, seed: int, classes: int = 2) -> Iterator[tuple[int, str, str]]:
+    """`rows` (label, title, content) reviews of a split, labels exactly balanced within each run of `classes` rows
+    (label: an index into class_names(classes))."""
+    names = class_names(classes)
+    if classes == 2:
+        rng = random.Random(f"sample-{split}-{seed}")
+        first = 0
+        for i in range(rows):
+            if i % 2 == 0:
+                first = int(rng.random() < 0.5)
+            label = first if i % 2 == 0 else 1 - first
+            title, content = synthetic_review(rng, label)
+            yield label, title, content
+        return
+    rng = random.Random(f"sample-{split}-{seed}-{classes}")
+    order: list[int] = []
     for i in range(rows):
-        if i % 2 == 0:
-            first = int(rng.random() < 0.5)
-        label = first if i % 2 == 0 else 1 - first
-        title, content = synthetic_review(rng, label)
+        if i % classes == 0:
+            order = rng.sample(range(classes), classes)
+        label = order[i % classes]
+        product, _, polarity = names[label].rpartition(" ")
+        title, content = synthetic_review(rng, int(polarity == "positive"), product)
         yield label, title, content
