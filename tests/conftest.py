@@ -25,6 +25,10 @@ os.environ.update(OFFLINE_ENV)
 # anew (a machine that sets PYTHONDONTWRITEBYTECODE, as the build machines do, would compile them every time).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# More processes than cores (the workers, their steps, endpoints and torchrun ranks): OpenMP threads that wait for
+# work sleep instead of spinning, so that they leave the cores to the processes that have work. A whole local run
+# beside two busy loops took 98 s of CPU with the default (spinning) policy and 72 s with this one.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 for var in (
     "AWS_PROFILE",
     "AWS_ENDPOINT_URL",

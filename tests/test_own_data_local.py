@@ -60,12 +60,13 @@ def write_tickets(folder: Path, questions: bool = False) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("classes", [2, 3])
-def test_run_local_on_own_csv_columns_and_label_names(tmp_path, classes):
+def test_run_local_on_own_csv_columns_and_label_names(tmp_path):
+    """Three classes found in the data (two-class own data differs only in the count: Tokenize's and Evaluate's tests
+    hold both; the default two-class run is test_local_e2e.py's), through staging and promotion."""
     model = build_model(tmp_path / "model", build_tokenizer(tmp_path / "tokenizer", sample_texts()),
                         labels=("LABEL_0", "LABEL_1"))  # the base model's own head: the data's classes replace it
-    data = write_tickets(tmp_path / "tickets", questions=classes == 3)
-    names = ["complaint", "praise", "question"][:classes]
+    data = write_tickets(tmp_path / "tickets", questions=True)
+    names = ["complaint", "praise", "question"]
     overrides = run_overrides(
         model, 800, 120,
         f"local.overrides.data.source={data}",
@@ -100,13 +101,13 @@ def test_run_local_on_own_csv_columns_and_label_names(tmp_path, classes):
         report = json.loads((account.s3.path(outputs["evaluation"]["S3Output"]["S3Uri"]) / "evaluation.json")
                             .read_text())
         assert list(report["classification"]["per_class"]) == names
-        assert ("binary_classification_metrics" if classes == 2 else "multiclass_classification_metrics") in report
-        # better than chance (1/2, 1/3): a coin reaches 0.7 of 80 rows with P 0.0002, a die 0.5 with P 0.001
-        assert report["classification"]["accuracy"]["value"] >= (0.7 if classes == 2 else 0.5), report["classification"]
+        assert "multiclass_classification_metrics" in report
+        # better than chance (1/3): a die reaches 0.5 of 80 rows with P 0.001
+        assert report["classification"]["accuracy"]["value"] >= 0.5, report["classification"]
 
         (version,) = account.registry.list("trainium-bert")
         metadata = version.customer_metadata
-        assert metadata["label_count"] == str(classes) and metadata["staging_test"] == "pass", metadata
+        assert metadata["label_count"] == "3" and metadata["staging_test"] == "pass", metadata
 
         runtime = boto3.client("sagemaker-runtime", endpoint_url=account.services.endpoint("production").where,
                                region_name="us-east-1")
@@ -117,8 +118,6 @@ def test_run_local_on_own_csv_columns_and_label_names(tmp_path, classes):
                                         {"text": "Question on the lamp", "text_pair": "Is the lamp waterproof?"}]}))
         answers = [p["label"] for p in json.loads(response["Body"].read())]
         assert set(answers) <= set(names)  # the endpoint answers the data's names
-        if classes == 2:  # the two-class model labels clear reviews right (the three-class one, after 120 steps, less)
-            assert answers[:2] == ["complaint", "praise"]
     finally:
         sys.argv = argv
         account.stop_endpoint()
