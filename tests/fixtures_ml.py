@@ -42,17 +42,27 @@ def step_arguments(step: str) -> tuple[str, ...]:
     return (*given, "--baseline-rows", "0") if step == "Evaluate" else given
 
 
-def build_tokenizer(folder: Path, extra_texts: list[str] | None = None) -> Path:
-    """Train a lowercase WordPiece tokenizer on a few sentences and save it as a fast HF tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+def build_tokenizer(folder: Path, extra_texts: list[str] | None = None, vocab_size: int = 400) -> Path:
+    """A lowercase WordPiece tokenizer of a few sentences, saved as a fast HF tokenizer. Its vocabulary is made here,
+    the same on every run (the `tokenizers` trainer breaks ties in another order on each run, so the same texts
+    gave other token ids and lengths): the special tokens, every character alone and as a "##" piece, then the most
+    frequent words (ties by spelling) up to `vocab_size`, filled with [unused] pieces."""
+    from collections import Counter
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    words = Counter(word for text in CORPUS + (extra_texts or [])
+                    for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
+    chars = sorted({c for word in words for c in word})
+    vocab = [*SPECIALS, *chars, *(f"##{c}" for c in chars)]
+    vocab += [w for w, _ in sorted(words.items(), key=lambda item: (-item[1], item[0])) if w not in vocab]
+    vocab = vocab[:max(vocab_size, len(SPECIALS) + 2 * len(chars))]
+    vocab += [f"[unused{i}]" for i in range(vocab_size - len(vocab))]  # BERT's way: ids up to vocab_size - 1 exist
+    tok = Tokenizer(models.WordPiece({piece: i for i, piece in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
     tok.decoder = decoders.WordPiece()  # as BERT's tokenizer.json: "##" pieces join their word when decoded
-    tok.train_from_iterator(CORPUS + (extra_texts or []),
-                            trainers.WordPieceTrainer(vocab_size=400, special_tokens=SPECIALS))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",

@@ -28,7 +28,7 @@ ACCEPTS = ["application/json", "application/jsonlines", "*/*", "", "text/html", 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, no_network_module):
     root = tmp_path_factory.mktemp("robust")
-    folder = build_split_model(root / "model", build_tokenizer(root / "tokenizer", TEXTS), TEXTS)
+    folder = build_split_model(root / "model", build_tokenizer(root / "tokenizer", TEXTS), TEXTS, seed=1)
     add_onnx_graphs(add_serving_code(folder))
     endpoint = LocalEndpoint()
     with pytest.MonkeyPatch.context() as env:
