@@ -67,7 +67,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from steps.contract import MODEL_ARCHIVE, PREDICTIONS_FILE, REPORT_FILE, SERVING_DIR, TEXT_COLUMNS, StepError
+from steps.contract import (
+    GATE_METRICS,
+    MODEL_ARCHIVE,
+    PREDICTIONS_FILE,
+    REPORT_FILE,
+    SERVING_DIR,
+    TEXT_COLUMNS,
+    TRAIN_DIR,
+    StepError,
+)
 from steps.evaluation import baseline, endpoint_sample, evaluation_tracking, quality, serving
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "accuracy"
@@ -389,7 +398,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default="/opt/ml/processing/model")
     p.add_argument("--test-dir", default="/opt/ml/processing/test")
-    p.add_argument("--train-dir", default="/opt/ml/processing/train", help="the train split (the baseline's)")
+    p.add_argument("--train-dir", default=TRAIN_DIR, help="the train split (the baseline's)")
     p.add_argument("--output-dir", default="/opt/ml/processing/evaluation")
     p.add_argument("--serving-dir", default=SERVING_DIR,
                    help="where the serving artifact (model.tar.gz) is written")
@@ -401,7 +410,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     given.add_argument("--seed", type=int, required=True)
     given.add_argument("--baseline-rows", type=int, required=True,
                        help="train rows the TF-IDF + logistic regression baseline is fitted on (0: no baseline)")
-    given.add_argument("--gate-metric", choices=("accuracy", "macro_f1"), required=True,
+    given.add_argument("--gate-metric", choices=tuple(GATE_METRICS), required=True,
                        help="the metric the gate reads: the baseline's margin is the model's lead on it")
     given.add_argument("--int8", action=argparse.BooleanOptionalAction, required=True,
                        help="consider the int8 variants for the endpoint")
