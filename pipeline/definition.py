@@ -1,8 +1,7 @@
 """The pipeline DAG: config in, SageMaker `Pipeline` out, one helper per step, read in DAG order.
 
-Tokenize -> [Precompile ->] Train -> Evaluate -> AccuracyGate -+-> RegisterModel --> ApprovedGate -> Deploy
-                                                                +-> AccuracyTooLow (Fail)
-(Precompile: training.backend xla with training.compile_ahead.)
+Tokenize -> Train -> Evaluate -> AccuracyGate -+-> RegisterModel --> ApprovedGate -> Deploy
+                                                +-> AccuracyTooLow (Fail)
 
 `definition()` builds it with no network call and gives byte-identical JSON for the same config
 and code: step code lives at content-hashed S3 keys (see `pipeline.code`).
@@ -31,14 +30,11 @@ if TYPE_CHECKING:
     from sagemaker.mlops.workflow.steps import ProcessingStep, TrainingStep
 
 TRAINING_MODEL_CHANNEL = "/opt/ml/input/data/model"
+LAUNCH_ONLY = ("compile-ahead",)  # hyperparameters that training/launch.py takes and does not pass on to train.py
 # Train step environment: glibc arenas capped (a checkpointing leak, as optimum-neuron does); libfabric fork safety
 # for the DataLoader workers. Device RDMA is left to the training toolkit and train.py, which set it for the instance
 # types whose EFA has it (libfabric aborts where a job forces it and the device has no RDMA read, e.g. g5.48xlarge).
 TRAINING_ENVIRONMENT = {"MALLOC_ARENA_MAX": "64", "FI_EFA_FORK_SAFE": "1"}
-# The hyperparameters that shape Precompile's graphs (weight decay: 0 is a constant in the graph; seed: the bucket of
-# each rank's first batch); the schedule and logging keys are left out, so that changing them keeps its step cache.
-PRECOMPILE_HYPERPARAMETERS = ("model-id", "batch-size", "grad-accum", "max-length", "seed", "weight-decay", "bf16",
-                              "backend")
 
 
 def arguments(pairs: dict[str, Any]) -> list:
@@ -84,9 +80,11 @@ class Steps(StepParts):
             retry_policies=self.retry,  # holds the InputData URI, not the files under it: new files would be missed
         )
 
-    # 2. Train: torchrun via the DLC's own launcher, one process per NeuronCore; it also scores the test split.
+    # 2. Train: training/launch.py compiles what the Neuron compile cache lacks, then starts torchrun through the
+    # DLC's own launcher, one process per NeuronCore; train.py also scores the test split.
     def hyperparameters(self) -> dict[str, Any]:
-        """What train.py reads (the parameters where an execution may change them), then the DLC toolkit's keys."""
+        """What train.py reads (the parameters where an execution may change them), launch.py's switch, then the DLC
+        toolkit's keys."""
         training, parameters = self.cfg.training, self.parameters
         return {
             "model-id": TRAINING_MODEL_CHANNEL if self.staged_model else training.model_id,
@@ -105,9 +103,9 @@ class Steps(StepParts):
             "checkpoint-minutes": str(training.checkpoint_minutes),
             "bf16": str(training.bf16).lower(),
             "backend": training.backend,
-            "sagemaker_program": json.dumps("train.py"),
+            "compile-ahead": str(training.compiles_ahead).lower(),
+            "sagemaker_program": json.dumps("launch.py"),
             "sagemaker_submit_directory": json.dumps(bundles()["training"].uri(self.cfg.s3_root)),
-            "sagemaker_torch_distributed_enabled": "true",
             "sagemaker_instance_type": parameters.train_instance_type,
             # ResourceConfig is no cache key attribute: without the count in one, an execution moving Train to more
             # instances (compiled graphs and checkpoints differ with the world size) would reuse the earlier run
@@ -115,31 +113,14 @@ class Steps(StepParts):
             "sagemaker_region": json.dumps(self.cfg.aws.region),
         }
 
-    def precompile(self, tokenize: ProcessingStep) -> TrainingStep:
-        """Ahead-of-time compile (XLA): the training toolkit runs `neuron_parallel_compile torchrun ... train.py
-        --precompile True` (RUN_NEURON_PARALLEL_COMPILE=1), which traces every graph of the run in a few steps and
-        compiles them in parallel into the S3 compile cache that Train then reads."""
+    def train(self, tokenize: ProcessingStep) -> TrainingStep:
         from sagemaker.mlops.workflow.steps import TrainingStep
 
-        trainer = self.trainer(tokenize, precompile=True)
-        return TrainingStep(name=contract.PRECOMPILE, step_args=trainer.train(), cache_config=self.cache,
+        return TrainingStep(name=contract.TRAIN, step_args=self.trainer(tokenize).train(), cache_config=self.cache,
                             retry_policies=self.retry)
 
-    def precompile_hyperparameters(self) -> dict[str, Any]:
-        kept = {k: v for k, v in self.hyperparameters().items()
-                if k in PRECOMPILE_HYPERPARAMETERS or k.startswith("sagemaker_")}
-        return {**kept, "precompile": "true"}
-
-    def train(self, tokenize: ProcessingStep, precompile: TrainingStep | None) -> TrainingStep:
-        from sagemaker.mlops.workflow.steps import TrainingStep
-
-        return TrainingStep(name=contract.TRAIN, step_args=self.trainer(tokenize, precompile=False).train(),
-                            cache_config=self.cache, retry_policies=self.retry,
-                            depends_on=[precompile] if precompile else None)
-
-    def trainer(self, tokenize: ProcessingStep, precompile: bool):
-        """The training job of Train, or (`precompile`) of Precompile: the same job but for its switch, its name and
-        no checkpoints."""
+    def trainer(self, tokenize: ProcessingStep):
+        """The training job of Train."""
         from sagemaker.core.shapes import OutputDataConfig, StoppingCondition, Tag
         from sagemaker.core.training.configs import CheckpointConfig, Compute, InputData, Networking
         from sagemaker.core.workflow import Join
@@ -151,17 +132,15 @@ class Steps(StepParts):
             "HF_HUB_DISABLE_TELEMETRY": "1",
             **TRAINING_ENVIRONMENT,
             **self.hub_offline,
-            **({"RUN_NEURON_PARALLEL_COMPILE": "1"} if precompile else {}),
         }
         channels = [InputData(channel_name=name, data_source=self.output(tokenize, name)) for name in contract.SPLITS]
-        if not precompile:
-            channels.append(InputData(channel_name=contract.TRACKING_INPUT, data_source=tracking_prefix(cfg)))
+        channels.append(InputData(channel_name=contract.TRACKING_INPUT, data_source=tracking_prefix(cfg)))
         if self.staged_model:
             channels.append(InputData(channel_name="model", data_source=training.model_id))
         return ModelTrainer(
             role=cfg.aws.role_arn,
             training_image=cfg.image("training"),
-            base_job_name=f"{cfg.pipeline.name}-{'precompile' if precompile else 'train'}",
+            base_job_name=f"{cfg.pipeline.name}-train",
             sagemaker_session=self.session,
             compute=Compute(
                 instance_type=self.parameters.train_instance_type,
@@ -179,11 +158,11 @@ class Steps(StepParts):
             output_data_config=OutputDataConfig(
                 s3_output_path=Join(on="/", values=[*self.run_prefix, "model"]), kms_key_id=cfg.aws.kms_key_id
             ),
-            checkpoint_config=None if precompile else CheckpointConfig(
+            checkpoint_config=CheckpointConfig(
                 s3_uri=self.checkpoints(tokenize, environment), local_path=contract.CHECKPOINT_DIR,
             ),
             environment=environment,
-            hyperparameters=self.precompile_hyperparameters() if precompile else self.hyperparameters(),
+            hyperparameters=self.hyperparameters(),
             tags=[Tag(key=tag["Key"], value=tag["Value"]) for tag in self.tags] or None,
         ).with_metric_definitions([dict(metric) for metric in contract.METRIC_DEFINITIONS])
 
@@ -370,8 +349,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
     report = PropertyFile(name=contract.PROPERTY_FILE, output_name=contract.EVALUATION_OUTPUT,
                           path=contract.REPORT_FILE)
     tokenize = steps.tokenize()
-    precompile = steps.precompile(tokenize) if cfg.training.precompile_job else None
-    train = steps.train(tokenize, precompile)
+    train = steps.train(tokenize)
     evaluate = steps.evaluate(tokenize, train, report)
     register = steps.register(train, evaluate, report)
     accuracy_gate = steps.accuracy_gate(evaluate, report, register, steps.too_low(evaluate, report))
@@ -379,7 +357,7 @@ def build_pipeline(cfg: Config) -> Pipeline:
     return Pipeline(
         name=cfg.pipeline.name,
         parameters=steps.parameters.declared(),
-        steps=[tokenize, *([precompile] if precompile else []), train, evaluate, accuracy_gate, approved_gate],
+        steps=[tokenize, train, evaluate, accuracy_gate, approved_gate],
         sagemaker_session=steps.session,
         # No SageMaker Experiment and trial per execution (the SDK's default in some regions): nothing here reads
         # them, and the execution role is not allowed to create them.
@@ -407,7 +385,8 @@ def definition(cfg: Config) -> str:
 
 
 def step_arguments(cfg: Config, name: str) -> list[str]:
-    """The command line that step `name` (Tokenize, Train or Evaluate) gives its script, the pipeline's parameters at
+    """The command line that step `name` (Tokenize, Train or Evaluate) gives its script (Train's: what launch.py gives
+    train.py), the pipeline's parameters at
     their defaults, the container's folders left out: where a test or benchmark that runs a step's script itself
     starts (the config is the one home of every default; the scripts default none of them)."""
     from pipeline.dag.expressions import Context, evaluate
@@ -419,7 +398,7 @@ def step_arguments(cfg: Config, name: str) -> list[str]:
     arguments = step["Arguments"]
     if "HyperParameters" in arguments:
         given = evaluate(arguments["HyperParameters"], context, f"{name}'s hyperparameters")
-        return [part for key, value in given.items() if not key.startswith("sagemaker_")
+        return [part for key, value in given.items() if not key.startswith("sagemaker_") and key not in LAUNCH_ONLY
                 for part in (f"--{key}", value)]
     line = evaluate(arguments["AppSpecification"]["ContainerArguments"], context, f"{name}'s arguments")
     kept, skip = [], False

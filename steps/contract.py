@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 # Steps of the DAG
-TOKENIZE, PRECOMPILE, TRAIN, EVALUATE = "Tokenize", "Precompile", "Train", "Evaluate"
+TOKENIZE, TRAIN, EVALUATE = "Tokenize", "Train", "Evaluate"
 ACCURACY_GATE, REGISTER, APPROVED_GATE, DEPLOY, ACCURACY_TOO_LOW = (
     "AccuracyGate",
     "RegisterModel",

@@ -8,14 +8,18 @@ The step's environment says where (the definition sets it, the local runner poin
                             pipelines-<execution id>-<step>-<suffix>, so that the definition carries nothing that
                             differs per execution: that would change the steps' cache keys): the run's name and its
                             tag pipeline.execution_id, by which every step of the execution finds the same run
-    TRACKING_TIMEOUT_S      seconds per request to a server (default 5); no retries
+    TRACKING_TIMEOUT_S      seconds per request to a server (default 5)
+    TRACKING_BUDGET_S       seconds this step may spend on a server in all, retries included (default 30)
 
 A server (ARN or URL) is spoken to over MLflow's REST API with the standard library alone (an ARN's requests are
 signed with SigV4 by botocore, as the sagemaker-mlflow plugin signs them), so nothing is installed into the
 images; a batch is split within the server's LogBatch limits and a NaN or infinite value is sent as protobuf JSON
 spells it ("NaN", "Infinity"), as MLflow's own client does. A local store needs the `mlflow` library. Tracking
 never fails a step: the first error disables it with one warning (with the server's reason), and the step's own
-files keep every value. A step that fails marks the execution's run FAILED.
+files keep every value. A step that fails marks the execution's run FAILED. As MLflow's own client does, a request
+is asked again, with exponential backoff, after an answer that means "later" (TRANSIENT_STATUS) and after a
+connection error or a timeout, but only within the step's TRACKING_BUDGET_S: a server that is down costs a step at
+most that long.
 """
 
 from __future__ import annotations
@@ -47,10 +51,10 @@ SERVER_ACTIONS = ("GetExperimentByName", "CreateExperiment", "SearchRuns", "Crea
 END_RUN_ACTIONS = ("GetExperimentByName", "SearchRuns", "UpdateRun")
 DEFAULT_EXPERIMENT = "trainium-bert"
 DEFAULT_TIMEOUT_S = 5.0
-# answers MLflow's own client retries (mlflow.utils.request_utils: rate limits, a busy or restarting server); only
-# these are retried, so a server that does not answer still costs one timeout
+DEFAULT_BUDGET_S = 30.0
+# answers MLflow's own client retries (mlflow.utils.request_utils: rate limits, a busy or restarting server)
 TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
-RETRIES, RETRY_WAIT_S = 2, 0.5  # waits 0.5 s, then 1 s
+RETRIES, RETRY_WAIT_S = 5, 0.5  # waits 0.5, 1, 2, 4, 8 s, as long as the step's budget lasts
 # Where a SageMaker job finds its own name: training jobs in the environment, processing jobs in this file.
 TRAINING_JOB_ENV = "TRAINING_JOB_NAME"
 PROCESSING_JOB_CONFIG = "/opt/ml/config/processingjobconfig.json"
@@ -97,8 +101,10 @@ def run_filter(execution: str, running: bool = False) -> str:
 class RestStore:
     """The six MLflow REST calls a step makes, to a server at an http(s) URL or a SageMaker managed MLflow ARN."""
 
-    def __init__(self, uri: str, timeout: float) -> None:
+    def __init__(self, uri: str, timeout: float, budget: float = DEFAULT_BUDGET_S) -> None:
         self.timeout, self.headers, self.region = timeout, {}, None
+        self.budget, self.spent = budget, 0.0  # seconds spent in requests and waits: the budget is of those
+        self.deadline = time.monotonic() + budget  # of the request under way
         base = uri
         if uri.startswith("arn:"):
             self.region = uri.split(":")[3]  # arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME
@@ -107,27 +113,49 @@ class RestStore:
         self.base = base.rstrip("/") + "/api/2.0/mlflow/"
 
     def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
+        started = time.monotonic()
+        self.deadline = started + self.budget - self.spent
+        try:
+            return self._ask(method, path, body, query)
+        finally:
+            self.spent += time.monotonic() - started
+
+    def _ask(self, method: str, path: str, body: dict | None, query: dict | None) -> dict:
         url = self.base + path + (f"?{urllib.parse.urlencode(query, quote_via=urllib.parse.quote)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         for attempt in range(RETRIES + 1):
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"the step's {self.budget:g} s for tracking (TRACKING_BUDGET_S) are spent")
             headers = {**self.headers, "Content-Type": "application/json"}
             if self.region:
                 headers = self._signed(method, url, data, headers)
             request = urllib.request.Request(url, data=data, method=method, headers=headers)
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                with urllib.request.urlopen(request, timeout=min(self.timeout, remaining)) as response:
                     status, answer = response.status, response.read()
                 break
             except urllib.error.HTTPError as e:  # the server's reason (MLflow's JSON error) into the one warning
-                if e.code in TRANSIENT_STATUS and attempt < RETRIES:
-                    time.sleep(RETRY_WAIT_S * 2**attempt)
+                if e.code in TRANSIENT_STATUS and self._backoff(attempt):
                     continue
                 e.msg = f"{e.msg}: {e.read()[:300].decode(errors='replace')}"
+                raise
+            except (urllib.error.URLError, TimeoutError, ConnectionError):  # refused, reset, no answer in time
+                if self._backoff(attempt):
+                    continue
                 raise
         try:
             return json.loads(answer or b"{}")
         except ValueError:  # a proxy's or sign-in page, say: its first bytes are the reason
             raise ValueError(f"HTTP {status} from {url} is not JSON: {answer[:200]!r}") from None
+
+    def _backoff(self, attempt: int) -> bool:
+        """Wait before asking again, if another attempt is left and its wait ends within the budget."""
+        pause = RETRY_WAIT_S * 2**attempt
+        if attempt >= RETRIES or time.monotonic() + pause >= self.deadline:
+            return False
+        time.sleep(pause)
+        return True
 
     def _signed(self, method: str, url: str, data: bytes | None, headers: dict) -> dict:
         import botocore.session
@@ -239,10 +267,10 @@ def store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(held, fcntl.LOCK_UN)
 
 
-def open_store(uri: str, timeout: float) -> RestStore | LibraryStore:
+def open_store(uri: str, timeout: float, budget: float = DEFAULT_BUDGET_S) -> RestStore | LibraryStore:
     """The store at `uri`: a server (ARN or http(s) URL) over REST, else a local store through `mlflow`."""
     if uri.startswith(("arn:", "http://", "https://")):
-        return RestStore(uri, timeout)
+        return RestStore(uri, timeout, budget)
     return LibraryStore(uri)
 
 
@@ -284,7 +312,8 @@ class Tracker:
         if not (self.uri and self.execution):
             return
         try:
-            self.store = open_store(self.uri, float(env.get("TRACKING_TIMEOUT_S") or DEFAULT_TIMEOUT_S))
+            self.store = open_store(self.uri, float(env.get("TRACKING_TIMEOUT_S") or DEFAULT_TIMEOUT_S),
+                                    float(env.get("TRACKING_BUDGET_S") or DEFAULT_BUDGET_S))
         except ImportError:
             self._off("the mlflow library is not installed (a local store needs it)")
         except Exception as e:  # a malformed URI or timeout: tracking never fails a step

@@ -62,7 +62,7 @@ def test_upsert_creates_then_updates_and_uploads_code_once(aws, capsys):
     assert uploaded == len(keys)
     deployed = json.loads(aws["sagemaker"].describe_pipeline(PipelineName="trainium-bert")["PipelineDefinition"])
     assert {s["Name"] for s in deployed["Steps"]} == {
-        "Tokenize", "Precompile", "Train", "Evaluate", "AccuracyGate", "ApprovedGate"
+        "Tokenize", "Train", "Evaluate", "AccuracyGate", "ApprovedGate"
     }
     tags = aws["sagemaker"].list_tags(
         ResourceArn=aws["sagemaker"].describe_pipeline(PipelineName="trainium-bert")["PipelineArn"]

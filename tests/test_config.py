@@ -136,7 +136,7 @@ def test_native_backend_is_refused_on_trn1_in_one_line():
     image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/bert-torchneuron:2.13"  # no "neuronx" in its name
     native = load_config(SHIPPED, ["training.backend=native", "training.instance_type=ml.trn2.48xlarge",
                                    f"images.training={image}"], environ={})
-    assert native.training.backend == "native" and not native.training.precompile_job
+    assert native.training.backend == "native" and not native.training.compiles_ahead
 
 
 @pytest.mark.parametrize(("sets", "message"), [

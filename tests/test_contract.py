@@ -74,14 +74,6 @@ def test_train_py_requires_what_the_train_step_passes_and_defaults_none_of_it():
         left_out = [part for k, v in zip(given[::2], given[1::2], strict=True) if k != key for part in (k, v)]
         with pytest.raises(SystemExit):
             train.parse_args(left_out)
-    # the Precompile step passes only what shapes a graph (the rest would be in its cache key): a trace takes
-    # train.py's placeholders for the others, and no training run does
-    from pipeline.definition import PRECOMPILE_HYPERPARAMETERS
-
-    shaping = [part for k, v in zip(given[::2], given[1::2], strict=True) if k[2:] in PRECOMPILE_HYPERPARAMETERS
-               for part in (k, v)]
-    traced = train.parse_args([*shaping, "--precompile", "true"])
-    assert traced.log_interval == train.TRACE_PLACEHOLDERS["log_interval"] and traced.batch_size == parsed.batch_size
     for refused in ("0", "-2"):  # as the config refuses them: -1 is the one value meaning "no limit"
         with pytest.raises(SystemExit):
             train.parse_args([*given, "--max-steps", refused])

@@ -18,7 +18,7 @@ import pytest
 from pipeline.code import CodeBundle
 from pipeline.config import ConfigError, load_config
 from pipeline.dag.graph import flatten_steps
-from pipeline.definition import PRECOMPILE_HYPERPARAMETERS, definition
+from pipeline.definition import definition, step_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "definition.json"
@@ -73,11 +73,10 @@ def test_is_byte_identical_for_the_same_config(text):
 
 def test_steps_types_and_wiring(dag, steps):
     assert [s["Name"] for s in dag["Steps"]] == [
-        "Tokenize", "Precompile", "Train", "Evaluate", "AccuracyGate", "ApprovedGate"
+        "Tokenize", "Train", "Evaluate", "AccuracyGate", "ApprovedGate"
     ]
     assert {n: s["Type"] for n, s in steps.items()} == {
         "Tokenize": "Processing",
-        "Precompile": "Training",
         "Train": "Training",
         "Evaluate": "Processing",
         "AccuracyGate": "Condition",
@@ -141,8 +140,8 @@ def test_training_step_runs_torchrun_in_the_neuronx_container(steps):
     assert args["ResourceConfig"]["InstanceType"] == {"Get": "Parameters.TrainInstanceType"}
     assert args["ResourceConfig"]["InstanceCount"] == {"Get": "Parameters.TrainInstanceCount"}
     hps = args["HyperParameters"]
-    assert hps["sagemaker_torch_distributed_enabled"] == "true"
-    assert hps["sagemaker_program"] == '"train.py"'
+    assert "sagemaker_torch_distributed_enabled" not in hps  # launch.py starts torchrun through the toolkit's runner
+    assert hps["sagemaker_program"] == '"launch.py"'
     assert re.fullmatch(
         r'"s3://my-sagemaker-bucket/trainium-bert/code/[0-9a-f]{64}/training/sourcedir.tar.gz"',
         hps["sagemaker_submit_directory"],
@@ -390,7 +389,7 @@ def project_copy(tmp_path_factory) -> Path:
     ("steps/deploy/handler.py", set()),  # the Lambda's code is in no job: nothing re-runs
     ("steps/deploy/lifecycle.py", set()),
     ("steps/run.py", {"Tokenize", "Evaluate"}),  # the processing steps' entry point
-    ("training/train.py", {"Precompile", "Train", "AccuracyGate", "RegisterModel"}),  # the version records its hash
+    ("training/train.py", {"Train", "AccuracyGate", "RegisterModel"}),  # the version records its hash
 ])
 def test_an_edit_changes_the_code_location_of_its_own_step_only(text, project_copy, monkeypatch, edited, changed):
     """SageMaker's cache key of a step holds its code location: an edit to one deployable must re-run its step alone
@@ -458,29 +457,21 @@ def test_multi_node_training_request_carries_the_neuron_and_efa_environment(tmp_
     assert f"--cache_dir={environment['NEURON_COMPILE_CACHE_URL']}" in flags
 
 
-def test_precompile_fills_the_compile_cache_before_train(steps, no_network_module):
-    """The training toolkit's switch runs neuron_parallel_compile over train.py --precompile, on the same data,
-    image, instances and hyperparameters as Train, into the S3 cache Train reads; Train waits for it."""
-    precompile, train = steps["Precompile"]["Arguments"], steps["Train"]["Arguments"]
-    assert precompile["Environment"] == {**train["Environment"], "RUN_NEURON_PARALLEL_COMPILE": "1"}
-    train_keys = train["HyperParameters"]
-    assert precompile["HyperParameters"] == {
-        **{k: v for k, v in train_keys.items() if k in PRECOMPILE_HYPERPARAMETERS or k.startswith("sagemaker_")},
-        "precompile": "true",
-    }
-    assert {"epochs", "learning-rate", "log-interval"} <= set(train_keys) - set(precompile["HyperParameters"])
-    for same in ("AlgorithmSpecification", "ResourceConfig"):
-        assert precompile[same] == train[same], same
-    untracked = [c for c in train["InputDataConfig"] if c["ChannelName"] != "tracking"]  # it trains nothing
-    assert precompile["InputDataConfig"] == untracked
-    assert "CheckpointConfig" not in precompile  # it saves nothing to resume from
-    assert steps["Train"]["DependsOn"] == ["Precompile"]
+def test_the_train_job_compiles_ahead_itself_and_no_other_job_does(steps, no_network_module):
+    """No separate compile job: Train's launch.py compiles what the cache lacks (compile-ahead), on XLA only, and
+    its switch is in Train's hyperparameters (the cache key), not in train.py's command line."""
+    assert [s for s in steps.values() if s["Type"] == "Training"] == [steps["Train"]]
+    train = steps["Train"]["Arguments"]
+    assert train["HyperParameters"]["compile-ahead"] == "true"
+    assert "RUN_NEURON_PARALLEL_COMPILE" not in train["Environment"]  # launch.py sets it for its compile pass only
+    cfg = load_config(ROOT / "pipeline.yaml", environ={})
+    assert "--compile-ahead" not in step_arguments(cfg, "Train")
     native = ["training.backend=native", "images.training=123456789012.dkr.ecr.us-east-1.amazonaws.com/torchneuron:1"]
     for off in (["training.compile_ahead=false"], native):
         overrides = [*off, "training.instance_type=ml.trn2.48xlarge"]
         dag = json.loads(definition(load_config(ROOT / "pipeline.yaml", overrides, environ={})))
-        names = [s["Name"] for s in dag["Steps"]]
-        assert "Precompile" not in names and "DependsOn" not in dag["Steps"][1], off
+        (train,) = [s for s in dag["Steps"] if s["Name"] == "Train"]
+        assert train["Arguments"]["HyperParameters"]["compile-ahead"] == "false", off
 
 
 def test_a_vpc_without_internet_stages_wheels_model_and_data_from_s3():

@@ -29,7 +29,7 @@ from pipeline.views import executions_table, lineage
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFINITION = json.loads((ROOT / "tests" / "golden" / "definition.json").read_text())
-ALL = ["Tokenize", "Precompile", "Train", "Evaluate", "AccuracyGate", "RegisterModel", "AccuracyTooLow", "ApprovedGate",
+ALL = ["Tokenize", "Train", "Evaluate", "AccuracyGate", "RegisterModel", "AccuracyTooLow", "ApprovedGate",
        "Deploy"]
 PIPELINE_ARN = "arn:aws:sagemaker:us-east-1:123456789012:pipeline/trainium-bert"
 
@@ -46,7 +46,7 @@ def source(status: str = "Succeeded", **steps: str) -> Source:
 def test_selecting_evaluate_reuses_tokenize_and_train_and_runs_nothing_downstream():
     chosen = select(DEFINITION, ["Evaluate"], source(), "trainium-bert")
     assert chosen.steps == ["Evaluate"]
-    assert chosen.reused == ["Tokenize", "Precompile", "Train"]
+    assert chosen.reused == ["Tokenize", "Train"]
     assert chosen.not_run == ["AccuracyGate", "RegisterModel", "AccuracyTooLow", "ApprovedGate", "Deploy"]
     assert chosen.request("arn:x/execution/src1") == {
         "SelectedSteps": [{"StepName": "Evaluate"}], "SourcePipelineExecutionArn": "arn:x/execution/src1"
@@ -59,7 +59,7 @@ def test_a_branch_step_needs_its_condition_and_steps_come_in_run_order():
     assert chosen.steps == ["Evaluate", "AccuracyGate", "RegisterModel"]
     assert chosen.not_run == ["AccuracyTooLow", "ApprovedGate", "Deploy"]
     assert select(DEFINITION, ["RegisterModel"], source(), "trainium-bert").reused == [
-        "Tokenize", "Precompile", "Train", "Evaluate", "AccuracyGate"
+        "Tokenize", "Train", "Evaluate", "AccuracyGate"
     ]
     with pytest.raises(SelectionError, match=r"\[RegisterModel\] have dependencies on \[AccuracyGate\], which did "
                                              r"not succeed in src1 \(AccuracyGate: Failed\)"):
@@ -69,11 +69,11 @@ def test_a_branch_step_needs_its_condition_and_steps_come_in_run_order():
 @pytest.mark.parametrize(
     ("steps", "origin", "message"),
     [
-        (["Evalute"], source(), "--steps Evalute: no such step; the steps are Tokenize, Precompile, Train, Evaluate"),
+        (["Evalute"], source(), "--steps Evalute: no such step; the steps are Tokenize, Train, Evaluate"),
         ([], source(), "expected at least one step name"),
         (["Train", "AccuracyGate"], source(),
          "Evaluate lies between the selected steps Train and AccuracyGate; every step on a path"),
-        (["Tokenize", "Deploy"], source(), "Precompile lies between the selected steps Tokenize and Deploy"),
+        (["Tokenize", "Deploy"], source(), "Train lies between the selected steps Tokenize and Deploy"),
         (["RegisterModel", "AccuracyTooLow"], source(),
          "must be connected in the DAG, and RegisterModel and AccuracyTooLow are not"),
         (["Evaluate"], None, "the selected steps [Evaluate] have dependencies on [Tokenize, Train]; select them "
@@ -104,13 +104,13 @@ def test_a_stopped_execution_is_no_source_as_the_service_model_says():
     assert str(refused.value) == ("--from src1: the execution is Stopped; a source must have ended Succeeded or Failed "
                                   "(SageMaker refuses any other as SourcePipelineExecutionArn)")
     chosen = select(DEFINITION, ["Evaluate"], source("Failed"), "trainium-bert")
-    assert chosen.reused == ["Tokenize", "Precompile", "Train"]
+    assert chosen.reused == ["Tokenize", "Train"]
 
 
 def test_a_selection_without_dependencies_needs_no_source_and_unknown_source_steps_are_left_to_the_service():
     assert select(DEFINITION, ["Tokenize"], None, "trainium-bert").not_run == ALL[1:]
     unlisted = Source("src1", "trainium-bert", "Failed", None)  # moto cannot list the steps: the service judges
-    assert select(DEFINITION, ["Evaluate"], unlisted, "trainium-bert").reused == ["Tokenize", "Precompile", "Train"]
+    assert select(DEFINITION, ["Evaluate"], unlisted, "trainium-bert").reused == ["Tokenize", "Train"]
 
 
 def test_parsing_parameters_and_the_request_shape():

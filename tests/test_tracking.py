@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import botocore.session
@@ -274,13 +275,34 @@ class BlackHole:
         return f"http://127.0.0.1:{self.socket.getsockname()[1]}"
 
 
-def test_a_server_that_does_not_answer_costs_one_timeout_and_one_warning(capsys):
+def test_a_server_that_does_not_answer_costs_each_step_its_budget_and_one_warning(capsys):
     hole = BlackHole()
-    train, evaluate = log_two_steps(env(hole.url, TRACKING_TIMEOUT_S="0.5"))
+    started = time.monotonic()
+    train, evaluate = log_two_steps(env(hole.url, TRACKING_TIMEOUT_S="0.5", TRACKING_BUDGET_S="1.2"))
     assert (train, evaluate) == (None, None)
-    assert len(hole.accepted) == 2  # one request per step, none after its first failure
+    assert time.monotonic() - started < 2 * 1.2 + 1.0  # each step gives up within its budget
+    assert len(hole.accepted) == 4  # per step: 0.5 s, a 0.5 s wait, 0.5 s; no wait then fits; nothing after that
     warnings = capsys.readouterr().err.strip().splitlines()
     assert len(warnings) == 2 and all("experiment tracking off" in w and "timed out" in w for w in warnings)
+
+
+def test_a_server_that_restarts_is_asked_again_after_a_refused_connection(mlflow_server, capsys):
+    """As MLflow's client retries a connection error: the run is logged once the server answers again (here it
+    starts 1 s after the first request was refused)."""
+    from mlflow.server import app
+    from werkzeug.serving import make_server
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    later = threading.Timer(1.0, lambda: threading.Thread(
+        target=make_server("127.0.0.1", port, app, threaded=True).serve_forever, daemon=True).start())
+    later.start()
+    train, evaluate = log_two_steps(env(url, "restarted", TRACKING_TIMEOUT_S="2", TRACKING_BUDGET_S="20"))
+    later.join()
+    check_run(url, train, "restarted")
+    assert "tracking off" not in capsys.readouterr().err
 
 
 class Faults:
@@ -522,6 +544,21 @@ def test_a_server_arn_the_steps_cannot_log_to_is_one_clear_error(arn):
         load_config(ROOT / "pipeline.yaml", [f"tracking.server_arn={arn}"], environ={})
     load_config(ROOT / "pipeline.yaml", ["tracking.server_arn=arn:aws-us-gov:sagemaker:us-gov-west-1:123456789012:"
                                          "mlflow-tracking-server/x"], environ={})
+
+
+def test_subnets_without_internet_track_only_through_mlflow_s_interface_endpoint():
+    """Without internet and without MLflow's PrivateLink endpoint every step would wait out its budget for nothing:
+    refused, naming the field; with the endpoint declared, accepted."""
+    from pipeline.errors import ConfigError
+
+    staged = ["images.wheels=s3://bkt/wheels/", "training.model_id=s3://bkt/models/m/", "data.source=s3://bkt/d/"]
+    vpc = "aws.vpc={subnets: [subnet-1], security_group_ids: [sg-1], internet: false%s}"
+    for tracked in (f"tracking.server_arn={ARN}", "tracking.create_server=true"):
+        with pytest.raises(ConfigError, match=r"aws.vpc.mlflow_endpoint=False: .*interface VPC endpoint"):
+            load_config(ROOT / "pipeline.yaml", [vpc % "", *staged, tracked], environ={})
+        cfg = load_config(ROOT / "pipeline.yaml", [vpc % ", mlflow_endpoint: true", *staged, tracked], environ={})
+        assert cfg.aws.vpc.mlflow_endpoint
+    assert load_config(ROOT / "pipeline.yaml", [vpc % "", *staged], environ={}).tracking.server_arn is None
 
 
 # the execution role

@@ -1,6 +1,6 @@
 """Fine-tune a BERT-style encoder for text classification, its classes named by the data (the pipeline's Train step).
 
-Launched by torchrun, as the SageMaker training toolkit does for ``torch_distributed``:
+Launched by torchrun (in the Train job, launch.py starts it through the SageMaker training toolkit's launcher):
 
     torchrun --nnodes 1 --nproc_per_node 2 train.py --model-id sentence-transformers/all-MiniLM-L6-v2 \\
         --epochs 1 --batch-size 32 --train-dir data/train --validation-dir data/validation --test-dir data/test \\
@@ -48,8 +48,8 @@ XLA specifics: MpDeviceLoader, no host sync inside the step (the loss is summed 
 --log-interval steps), bf16 autocast (compiled with --auto-cast=none so that only autocast decides precision),
 the Neuron compile cache at $NEURON_COMPILE_CACHE_URL or else inside the checkpoint folder, the EFA settings of
 multi-node jobs (see neuron_environment), the fp32 gradient all-reduce of Neuron's BERT sample, and
-``--precompile True`` for neuron_parallel_compile (the pipeline's Precompile step): every graph of the run traced
-once (see precompile), no checkpoint and no model saved.
+``--precompile True`` for neuron_parallel_compile (the compile pass launch.py runs ahead of training when the cache
+lacks the run's graphs): every graph of the run traced once (see precompile), no checkpoint and no model saved.
 """
 
 import argparse
@@ -114,12 +114,6 @@ def str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
 
 
-# What a --precompile run takes for the hyperparameters the Precompile step leaves out (they shape no graph, and so
-# are no part of its cache key): it traces a few steps and trains nothing. The values its traces were checked with.
-TRACE_PLACEHOLDERS = {"epochs": 2, "max_steps": -1, "learning_rate": 5e-5, "lr_global_batch": 0, "warmup_ratio": 0.1,
-                      "log_interval": 50, "checkpoint_interval": 500, "checkpoint_minutes": 30.0}
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Hyperparameters as SageMaker passes them (`--key value`); unknown keys are warned about and ignored.
 
@@ -127,8 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     `pipeline.definition.step_arguments(cfg, "Train")` gives the whole command line for a config)."""
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    given = p.add_argument_group("passed by the Train step (required; a --precompile run may leave out those that "
-                                 "shape no graph)")
+    given = p.add_argument_group("passed by the Train step (required)")
     given.add_argument("--model-id", required=True)
     given.add_argument("--batch-size", type=int, required=True, help="per device")
     given.add_argument("--grad-accum", type=int, required=True)
@@ -139,17 +132,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     given.add_argument("--backend", required=True, choices=["xla", "native"],
                        help="xla: PyTorch/XLA when torch_xla imports (else CUDA, else CPU); native: TorchNeuron's "
                             "device 'neuron' with torch.compile(backend='neuron') (beta, trn2/trn3)")
-    given.add_argument("--epochs", type=int)
-    given.add_argument("--max-steps", type=int, help="optimizer steps, overriding --epochs; -1: no limit")
-    given.add_argument("--learning-rate", type=float)
-    given.add_argument("--lr-global-batch", type=int,
+    given.add_argument("--epochs", type=int, required=True)
+    given.add_argument("--max-steps", type=int, required=True,
+                       help="optimizer steps, overriding --epochs; -1: no limit")
+    given.add_argument("--learning-rate", type=float, required=True)
+    given.add_argument("--lr-global-batch", type=int, required=True,
                        help="the global batch --learning-rate is set for (training.learning_rate auto): a run at "
                             "another one (an execution's instance type, count or batch size) scales it by the "
                             "square-root rule; 0: the rate as given")
-    given.add_argument("--warmup-ratio", type=float)
-    given.add_argument("--log-interval", type=int)
-    given.add_argument("--checkpoint-interval", type=int, help="0 disables periodic checkpoints")
-    given.add_argument("--checkpoint-minutes", type=float,
+    given.add_argument("--warmup-ratio", type=float, required=True)
+    given.add_argument("--log-interval", type=int, required=True)
+    given.add_argument("--checkpoint-interval", type=int, required=True, help="0 disables periodic checkpoints")
+    given.add_argument("--checkpoint-minutes", type=float, required=True,
                        help="also checkpoint when this many minutes passed since the last one (checked at each log "
                             "interval); 0 disables")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
@@ -164,12 +158,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-data-dir", default=env("SM_OUTPUT_DATA_DIR", "/opt/ml/output/data"))
     p.add_argument("--checkpoint-dir", default=os.path.join(env("SAGEMAKER_BASE_DIR", "/opt/ml"), "checkpoints"))
     args, unknown = p.parse_known_args(argv)
-    for name, placeholder in TRACE_PLACEHOLDERS.items():
-        if getattr(args, name) is None:
-            if not args.precompile:
-                p.error(f"--{name.replace('_', '-')}: required (the Train step passes it; only a --precompile run, "
-                        "which trains nothing, may leave it out)")
-            setattr(args, name, placeholder)
     if args.max_steps == 0 or args.max_steps < -1:
         p.error(f"--max-steps {args.max_steps}: expected a number of optimizer steps >= 1, or -1 for no limit")
     for name in ("epochs", "batch_size", "grad_accum", "log_interval"):

@@ -83,7 +83,7 @@ def tokenized_at(prefix: str) -> dict[str, str]:
 
 
 def train_step(definition: dict) -> dict:
-    """The Train step (not Precompile, the other training step on the XLA backend)."""
+    """The Train step."""
     for step in definition.get("Steps", []):
         if step.get("Name") == TRAIN and step.get("Type") == "Training":
             return step

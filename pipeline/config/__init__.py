@@ -309,6 +309,19 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _no_internet_reaches_mlflow_privately(self) -> Config:
+        """Tracking to a managed MLflow server from subnets without internet needs MLflow's interface endpoint:
+        without one, every step would wait out its tracking budget and log nothing."""
+        vpc, tracking = self.aws.vpc, self.tracking
+        if vpc and not vpc.internet and not vpc.mlflow_endpoint and (tracking.server_arn or tracking.create_server):
+            raise ValueError(
+                "aws.vpc.mlflow_endpoint=False: with aws.vpc.internet=False the steps reach a tracking server only "
+                "through SageMaker MLflow's interface VPC endpoint (PrivateLink); expected true once the subnets have "
+                "it (docs/tracking.md), or no tracking.server_arn / tracking.create_server"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _training_image_fits_the_backend(self) -> Config:
         """XLA needs a Neuron (neuronx) image; TorchNeuron is in no SageMaker DLC, whose neuronx images ship XLA."""
         image, backend = self.images.training, self.training.backend

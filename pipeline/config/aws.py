@@ -27,6 +27,8 @@ class Vpc(Section):
     subnets: list[str] = Field(min_length=1)
     security_group_ids: list[str] = Field(min_length=1)
     internet: bool = True  # the subnets reach PyPI and the Hugging Face Hub (through a NAT gateway)
+    # without internet: the subnets reach SageMaker managed MLflow through its interface VPC endpoint (PrivateLink)
+    mlflow_endpoint: bool = False
 
 
 @functools.cache

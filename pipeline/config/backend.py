@@ -12,7 +12,8 @@ from pipeline.config.base import Section
 class NeuronBackend(Section):
     """backend xla: PyTorch/XLA (torch-neuronx 2.9, the last XLA release; trn1/trn2); native: TorchNeuron, device
     "neuron" with torch.compile(backend="neuron") (public beta, trn2/trn3 only, an image the user names).
-    compile_ahead (xla): a Precompile job (neuron_parallel_compile) fills the S3 compile cache before Train."""
+    compile_ahead (xla): the Train job first compiles, in parallel (neuron_parallel_compile), the graphs the compile
+    cache lacks, unless the cache holds the manifest of this run's graphs (training/launch.py)."""
 
     backend: Literal["xla", "native"] = "xla"
     compile_ahead: bool = True
@@ -26,6 +27,6 @@ class NeuronBackend(Section):
         return self
 
     @property
-    def precompile_job(self) -> bool:
-        """Whether the pipeline compiles ahead of the Train job (the XLA backend only)."""
+    def compiles_ahead(self) -> bool:
+        """Whether the Train job compiles its graphs ahead of training (the XLA backend only)."""
         return self.compile_ahead and self.backend == "xla"
