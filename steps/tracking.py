@@ -10,6 +10,9 @@ The step's environment says where (the definition sets it, the local runner poin
                             tag pipeline.execution_id, by which every step of the execution finds the same run
     TRACKING_TIMEOUT_S      seconds per request to a server (default 5)
     TRACKING_BUDGET_S       seconds this step may spend on a server in all, retries included (default 30)
+    PIPELINE_EXECUTION_ARN  the execution (the deploy Lambda passes its event's): its own MLflow experiment, if it was
+                            started with one (StartPipelineExecution's MlflowExperimentName), wins over the
+                            configured one. On SageMaker the steps build it from the tracking file's pipeline_arn.
 
 A server (ARN or URL) is spoken to over MLflow's REST API with the standard library alone (an ARN's requests are
 signed with SigV4 by botocore, as the sagemaker-mlflow plugin signs them), so nothing is installed into the
@@ -43,12 +46,14 @@ TRACKING_FILE = "tracking.json"  # {"uri", "experiment"}: in the folder the step
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 EXECUTION_ENV = "PIPELINE_EXECUTION_ID"
+EXECUTION_ARN_ENV = "PIPELINE_EXECUTION_ARN"
 EXECUTION_TAG = "pipeline.execution_id"
 UNTRACKED = "none"  # the run id of an untracked step, for the report
 # the IAM actions (sagemaker-mlflow:ACTION) of RestStore's calls: what the execution role is granted on the server,
 # and of end_open's: what the deploy Lambda's role is
 SERVER_ACTIONS = ("GetExperimentByName", "CreateExperiment", "SearchRuns", "CreateRun", "LogBatch", "UpdateRun")
 END_RUN_ACTIONS = ("GetExperimentByName", "SearchRuns", "UpdateRun")
+EXPERIMENT_ACTION = "sagemaker:DescribePipelineExecution"  # the execution's own experiment (execution_experiment)
 DEFAULT_EXPERIMENT = "trainium-bert"
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_BUDGET_S = 30.0
@@ -289,6 +294,19 @@ def execution_id(env: dict[str, str] | os._Environ, processing_config: str = PRO
     return found.group(1) if found else ""
 
 
+def execution_experiment(execution_arn: str, timeout: float) -> str | None:
+    """The MLflow experiment the execution was started with (StartPipelineExecution's MlflowExperimentName, which
+    DescribePipelineExecution returns in MLflowConfig), None when it was started without one."""
+    import botocore.session
+    from botocore.config import Config
+
+    client = botocore.session.get_session().create_client(
+        "sagemaker", region_name=execution_arn.split(":")[3],
+        config=Config(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 3, "mode": "standard"}))
+    answer = client.describe_pipeline_execution(PipelineExecutionArn=execution_arn)
+    return (answer.get("MLflowConfig") or {}).get("MlflowExperimentName") or None
+
+
 def settings(folder: str | None) -> dict[str, Any]:
     """The tracking file in `folder` (the step's "tracking" input: {"uri", "experiment"}), {} when there is none."""
     try:
@@ -312,12 +330,32 @@ class Tracker:
         if not (self.uri and self.execution):
             return
         try:
-            self.store = open_store(self.uri, float(env.get("TRACKING_TIMEOUT_S") or DEFAULT_TIMEOUT_S),
-                                    float(env.get("TRACKING_BUDGET_S") or DEFAULT_BUDGET_S))
+            timeout = float(env.get("TRACKING_TIMEOUT_S") or DEFAULT_TIMEOUT_S)
+            self.store = open_store(self.uri, timeout, float(env.get("TRACKING_BUDGET_S") or DEFAULT_BUDGET_S))
         except ImportError:
             self._off("the mlflow library is not installed (a local store needs it)")
+            return
         except Exception as e:  # a malformed URI or timeout: tracking never fails a step
             self._off(f"{type(e).__name__}: {str(e)[:200]}")
+            return
+        pipeline_arn = "" if env.get(TRACKING_URI_ENV) else given.get("pipeline_arn", "")  # the file's server only
+        arn = env.get(EXECUTION_ARN_ENV) or (f"{pipeline_arn}/execution/{self.execution}" if pipeline_arn else "")
+        if arn:
+            self._execution_experiment(arn, timeout)
+
+    def _execution_experiment(self, arn: str, timeout: float) -> None:
+        """Log to the execution's own experiment when it was started with one (best effort: else the configured
+        experiment, with a warning)."""
+        try:
+            own = execution_experiment(arn, timeout)
+        except Exception as e:  # denied, unreachable: the configured experiment still takes the run
+            print(f"warning: step {self.step} could not read the execution's own MLflow experiment "
+                  f"({type(e).__name__}: {str(e)[:200]}); logging to {self.experiment}", file=sys.stderr, flush=True)
+            return
+        if own and own != self.experiment:
+            print(f"tracking: execution {self.execution} was started with MLflow experiment {own}: logging there, "
+                  f"not to {self.experiment}", flush=True)
+            self.experiment = own
 
     @property
     def enabled(self) -> bool:

@@ -34,7 +34,7 @@ ARN = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/trainium-
 
 def env(uri: str, execution: str = "exec-1", **more: str) -> dict[str, str]:
     return {contract.TRACKING_URI_ENV: uri, contract.EXPERIMENT_ENV: "bert", contract.EXECUTION_ENV: execution,
-            "TRACKING_TIMEOUT_S": "120", **more}
+            "TRACKING_TIMEOUT_S": "120", "TRACKING_BUDGET_S": "3", **more}
 
 
 def log_two_steps(environ: dict[str, str]) -> tuple[str | None, str | None]:
@@ -217,7 +217,18 @@ def test_an_experiment_another_execution_creates_first_is_used(mlflow_server, mo
     assert made == MlflowClient(mlflow_server).get_experiment_by_name("raced").experiment_id
 
 
-def test_the_deploy_lambda_ends_the_run_of_a_failed_or_stopped_execution_left_running(mlflow_server):
+@pytest.fixture
+def sagemaker_api(monkeypatch):
+    """SageMaker as moto, in this process: the tracker asks it for an execution's own experiment."""
+    from moto import mock_aws
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        yield
+
+
+def test_the_deploy_lambda_ends_the_run_of_a_failed_or_stopped_execution_left_running(mlflow_server, sagemaker_api):
     """On AWS a step killed outright (its instance, memory, the execution stopped) leaves the run RUNNING; the
     execution's Failed / Stopped event reaches the deploy Lambda, which ends it FAILED / KILLED, and only then."""
     from types import SimpleNamespace
@@ -355,7 +366,7 @@ def test_a_run_whose_logging_failed_is_still_ended(faulty, capsys):
     assert "tracking off for step Evaluate: HTTPError: HTTP Error 400: Bad Request" in warning
 
 
-def test_an_answer_that_is_not_json_or_not_mlflow_s_is_the_reason_said(faulty, capsys):
+def test_an_answer_that_is_not_json_or_not_mlflow_s_is_the_reason_said(faulty, capsys, sagemaker_api):
     from types import SimpleNamespace
 
     from steps.deploy import handler
@@ -375,7 +386,7 @@ def test_an_answer_that_is_not_json_or_not_mlflow_s_is_the_reason_said(faulty, c
     assert reason.startswith("could not ask MLflow for the run of execution e1: HTTPError: HTTP Error 404"), reason
 
 
-def test_a_closed_port_is_one_warning_and_the_step_goes_on(capsys):
+def test_a_closed_port_is_asked_within_the_budget_then_one_warning_and_the_step_goes_on(capsys):
     with socket.create_server(("127.0.0.1", 0)) as s:
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     tracker = tracking.Tracker("Train", env(closed))
@@ -493,7 +504,7 @@ def test_tracking_changes_no_job_step_so_no_cache_key(tracked_dag, no_network_mo
         tracked_config())
     uri, data = tracking_settings(tracked_config(**{"tracking.experiment": "another"}))
     assert uri == tracking_prefix(tracked_config()) + contract.TRACKING_FILE
-    assert json.loads(data) == {"uri": ARN, "experiment": "another"}
+    assert json.loads(data) == {"uri": ARN, "experiment": "another", "pipeline_arn": tracked_config().pipeline_arn}
 
 
 def test_a_step_reads_the_tracking_file_and_its_environment_wins(tmp_path):
@@ -561,6 +572,57 @@ def test_subnets_without_internet_track_only_through_mlflow_s_interface_endpoint
     assert load_config(ROOT / "pipeline.yaml", [vpc % "", *staged], environ={}).tracking.server_arn is None
 
 
+def test_an_execution_started_with_its_own_experiment_logs_there(mlflow_server, tmp_path, monkeypatch, capsys):
+    """StartPipelineExecution's MlflowExperimentName is honoured: a step reads it with DescribePipelineExecution
+    (its pipeline's ARN is in the tracking file, its execution id in its job's name), the deploy Lambda with the
+    event's ARN; an execution without one, or a call that fails, logs to the configured experiment."""
+    import boto3
+    from mlflow.tracking import MlflowClient
+    from moto import mock_aws
+    from moto.sagemaker import models
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        sm = boto3.client("sagemaker", region_name="us-east-1")
+        pipeline_arn = sm.create_pipeline(PipelineName="trainium-bert", PipelineDefinition='{"Steps": []}',
+                                          RoleArn="arn:aws:iam::123456789012:role/r")["PipelineArn"]
+        named, plain = (sm.start_pipeline_execution(PipelineName="trainium-bert")["PipelineExecutionArn"]
+                        for _ in range(2))
+        described = models.SageMakerModelBackend.describe_pipeline_execution
+
+        def with_mlflow(backend, arn):  # moto keeps no MlflowExperimentName: the answer the service gives for it
+            answer = described(backend, arn)
+            return {**answer, "MLflowConfig": {"MlflowResourceArn": ARN, "MlflowExperimentName": "campaign-7"}
+                    } if arn == named else answer
+
+        monkeypatch.setattr(models.SageMakerModelBackend, "describe_pipeline_execution", with_mlflow)
+        folder = tmp_path / "tracking"
+        folder.mkdir()
+        (folder / contract.TRACKING_FILE).write_text(json.dumps(
+            {"uri": mlflow_server, "experiment": "bert", "pipeline_arn": pipeline_arn}))
+
+        def step(arn: str, name: str = "Train") -> tracking.Tracker:
+            job = {"TRAINING_JOB_NAME": f"pipelines-{arn.rsplit('/', 1)[1]}-{name.lower()}-abc"}
+            tracker = tracking.Tracker(name, job, settings_dir=str(folder))
+            tracker.log(metrics={"a": 1.0})
+            return tracker
+
+        client = MlflowClient(mlflow_server)
+        assert client.get_experiment(client.get_run(step(named).run_id).info.experiment_id).name == "campaign-7"
+        assert client.get_experiment(client.get_run(step(plain).run_id).info.experiment_id).name == "bert"
+        lambda_view = tracking.Tracker("deploy", {contract.TRACKING_URI_ENV: mlflow_server, contract.EXPERIMENT_ENV:
+                                                  "bert", contract.EXECUTION_ENV: named.rsplit("/", 1)[1],
+                                                  tracking.EXECUTION_ARN_ENV: named})
+        assert lambda_view.experiment == "campaign-7" and lambda_view.end_open("FAILED")  # the step's run, found
+        assert "logging there, not to bert" in capsys.readouterr().out
+        (folder / contract.TRACKING_FILE).write_text(json.dumps(
+            {"uri": mlflow_server, "experiment": "bert", "pipeline_arn": pipeline_arn.replace("trainium", "other")}))
+        unknown = step(named)
+        assert unknown.enabled and unknown.experiment == "bert"
+        assert "could not read the execution's own MLflow experiment" in capsys.readouterr().err
+
+
 # the execution role
 
 
@@ -569,9 +631,11 @@ def test_the_execution_role_may_make_the_trackers_calls_on_the_tracking_server_o
 
     assert "ExecutionRoleTrackingPolicy" not in rendered()  # no server configured: no MLflow permission
     resources = rendered(config=cfg(**{"tracking.server_arn": ARN}))
-    (statement,) = statements(resources["ExecutionRoleTrackingPolicy"]["Properties"]["PolicyDocument"])
+    statement, described = statements(resources["ExecutionRoleTrackingPolicy"]["Properties"]["PolicyDocument"])
     assert sorted(statement["Action"]) == sorted(f"sagemaker-mlflow:{a}" for a in tracking.SERVER_ACTIONS)
     assert statement["Resource"] == [ARN]
+    assert described["Action"] == [tracking.EXPERIMENT_ACTION]  # the execution's own experiment, of this pipeline
+    assert described["Resource"] == [f"{cfg().pipeline_arn}/execution/*"]
     assert "TrackingServer" not in resources  # an existing server is taken as it is
     # bootstrap can create one instead: the stack's own server, with the execution role, and only it
     from pipeline.sagemaker.bootstrap import stack_parameters
@@ -595,9 +659,12 @@ def test_the_deploy_lambda_may_end_runs_on_the_tracking_server_only():
 
     assert "DeployLambdaTrackingPolicy" not in rendered()
     config = cfg(**{"tracking.server_arn": ARN})
-    (statement,) = statements(rendered(config=config)["DeployLambdaTrackingPolicy"]["Properties"]["PolicyDocument"])
+    statement, described = statements(
+        rendered(config=config)["DeployLambdaTrackingPolicy"]["Properties"]["PolicyDocument"])
     assert sorted(statement["Action"]) == sorted(f"sagemaker-mlflow:{a}" for a in tracking.END_RUN_ACTIONS)
     assert statement["Resource"] == [ARN]
+    assert described["Action"] == [tracking.EXPERIMENT_ACTION]
+    assert described["Resource"] == [f"{config.pipeline_arn}/execution/*"]
 
 
 def test_runs_says_where_it_would_read_and_why_not(tmp_path):

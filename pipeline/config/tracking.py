@@ -34,6 +34,10 @@ def tracking_prefix(cfg: Any) -> str:
 
 def tracking_settings(cfg: Any) -> tuple[str, bytes]:
     """The tracking file that `upsert` writes (its S3 URI and content): the MLflow server (none on AWS without
-    tracking.server_arn; the local runner points the steps at its own store) and the experiment."""
-    settings = {"uri": cfg.tracking.server_arn or "", "experiment": experiment(cfg)}
+    tracking.server_arn; the local runner points the steps at its own store), the experiment, and with a server the
+    pipeline's ARN, from which a step finds its execution's own experiment (StartPipelineExecution's
+    MlflowExperimentName)."""
+    server = cfg.tracking.server_arn
+    settings = {"uri": server or "", "experiment": experiment(cfg), **({"pipeline_arn": cfg.pipeline_arn} if server
+                                                                      else {})}
     return tracking_prefix(cfg) + contract.TRACKING_FILE, json.dumps(settings, sort_keys=True).encode()

@@ -88,6 +88,7 @@ def _execution_event(settings: sagemaker_account.Settings, detail: dict) -> dict
     execution = str(detail.get("pipelineExecutionArn", "")).rsplit("/", 1)[-1]
     tracker = tracking.Tracker("deploy", {contract.TRACKING_URI_ENV: settings.tracking_uri,
                                           contract.EXECUTION_ENV: execution,
+                                          tracking.EXECUTION_ARN_ENV: str(detail.get("pipelineExecutionArn", "")),
                                           contract.EXPERIMENT_ENV: settings.experiment or tracking.DEFAULT_EXPERIMENT})
     run_id = tracker.end_open(ended)
     if run_id:
