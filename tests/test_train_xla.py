@@ -162,3 +162,24 @@ def clear_labels(model_dir: Path) -> list[int]:
     encoded = tokenizer([t for t, _ in CLEAR], [c for _, c in CLEAR], padding=True, return_tensors="pt")
     with torch.no_grad():
         return model(**encoded).logits.argmax(-1).tolist()
+
+
+def test_a_checkpoint_is_written_through_xm_save_and_loads_on_the_cpu(trained):
+    """Checkpoints leave the XLA device through xm.save (torch_xla's public API), in one transfer: the file holds
+    host tensors and the step, and its marker names its size and digest."""
+    import hashlib
+
+    import torch
+
+    train_xla(trained, "checkpointed", "--max-steps", "6", "--checkpoint-interval", "3")
+    slots = sorted((trained / "checkpointed" / "checkpoints").glob("slot-*/COMPLETE"))
+    assert slots, "no complete checkpoint"
+    marker = json.loads(slots[-1].read_text())
+    path = slots[-1].parent / "checkpoint.pt"
+    assert marker["bytes"] == path.stat().st_size and marker["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    state = torch.load(path, weights_only=False)
+    assert state["step"] in (3, 6) and state["world_size"] == 1
+    tensors = [t for t in state["model"].values() if isinstance(t, torch.Tensor)]
+    assert tensors and all(t.device.type == "cpu" for t in tensors)
+    assert all(t.device.type == "cpu" for group in state["optimizer"]["state"].values() for t in group.values()
+               if isinstance(t, torch.Tensor))

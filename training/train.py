@@ -564,10 +564,13 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
 
-def host_state(rt: Runtime, state: dict) -> dict:
-    """`state` (nested dicts and lists of tensors) with every tensor on the host: on XLA in one device-to-host
-    transfer of all tensors together (what xm.save does), not one per tensor; on the CPU the tensors themselves."""
-    return xm._maybe_convert_to_cpu(state) if rt.xla else to_cpu(state)
+def save_state(rt: Runtime, state: dict, path: Path) -> None:
+    """torch.save of `state` (nested dicts and lists of tensors) with every tensor on the host: on XLA through
+    xm.save, in one device-to-host transfer of all tensors together, not one per tensor."""
+    if rt.xla:
+        xm.save(state, path, master_only=False)  # the caller is the one rank that saves
+    else:
+        torch.save(to_cpu(state), path)
 
 
 def to_cpu(obj):
@@ -604,18 +607,19 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_checkpoint(checkpoint_dir: Path, step: int, state: dict, keep: Path | None = None) -> Path:
+def save_checkpoint(checkpoint_dir: Path, step: int, state: dict, keep: Path | None = None,
+                    save: Callable[[dict, Path], None] = torch.save) -> Path:
     """Overwrite the oldest (or an empty) slot other than `keep`: marker removed, checkpoint written, then the new
     marker. `keep` is the slot of the checkpoint this run resumed from or saved last, the newest known to be good: a
     newer slot that failed to load may look newer, and overwriting the good one would leave nothing if this save is
-    cut short too."""
+    cut short too. `save` writes the file (save_state in training)."""
     used = {slot.name: s for s, slot in complete_checkpoints(checkpoint_dir)}
     names = [f"{SLOT_PREFIX}{k}" for k in range(KEEP_CHECKPOINTS)]
     slot = checkpoint_dir / min((n for n in names if keep is None or n != keep.name), key=lambda n: used.get(n, -1))
     slot.mkdir(parents=True, exist_ok=True)
     (slot / MARKER).unlink(missing_ok=True)
-    torch.save(state, slot / "checkpoint.pt")
     path = slot / "checkpoint.pt"
+    save(state, path)
     marker = {"step": step, "bytes": path.stat().st_size, "sha256": _sha256(path)}
     (slot / f".{MARKER}").write_text(json.dumps(marker))
     os.replace(slot / f".{MARKER}", slot / MARKER)
@@ -917,9 +921,10 @@ class Checkpointer:
         rt = self.rt
         rt.mark_step()
         if rt.master:
-            state = host_state(rt, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
-            state.update(scheduler=self.scheduler.state_dict(), step=step, world_size=rt.world_size)
-            self.slot = save_checkpoint(self.checkpoint_dir, step, state, keep=self.slot)
+            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "scheduler": self.scheduler.state_dict(), "step": step, "world_size": rt.world_size}
+            self.slot = save_checkpoint(self.checkpoint_dir, step, state, keep=self.slot,
+                                        save=lambda data, path: save_state(rt, data, path))
             rt.log(f"saved checkpoint {self.slot} at step={step}")
         rt.barrier("checkpoint")
         self.last = time.monotonic()
