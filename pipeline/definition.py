@@ -19,6 +19,7 @@ from pipeline.config import Config
 from pipeline.config.tracking import experiment, tracking_prefix
 from pipeline.sdk import MODEL_INPUT, StepParts, offline_sdk
 from steps import contract
+from steps.deploy.targets import SERVING_FAMILIES, SPEC_INSTANCE_TYPES
 
 if TYPE_CHECKING:
     from sagemaker.core.workflow.properties import PropertyFile
@@ -263,7 +264,7 @@ class Steps(StepParts):
             "INFERENCE_RUNTIME": self.report_value(evaluate, report, contract.RUNTIME_PATH),
             "INFERENCE_QUANTIZE": self.report_value(evaluate, report, contract.QUANTIZE_PATH),
         }
-        model = ModelBuilder(image_uri=cfg.image("inference"), s3_model_data_url=model_data,
+        model = ModelBuilder(image_uri=cfg.serving_image, s3_model_data_url=model_data,
                              role_arn=cfg.aws.role_arn, sagemaker_session=self.session, env_vars=environment)
         return ModelStep(
             name=contract.REGISTER,
@@ -271,7 +272,7 @@ class Steps(StepParts):
                 model_package_group_name=cfg.pipeline.model_package_group,
                 content_types=list(contract.CONTENT_TYPES),
                 response_types=list(contract.RESPONSE_TYPES),
-                inference_instances=[cfg.deploy.instance_type],
+                inference_instances=sorted({cfg.deploy.instance_type, cfg.deploy.staging_instance_type}),
                 approval_status=self.parameters.approval_status,
                 description=f"BERT sentiment classifier fine-tuned by pipeline {cfg.pipeline.name}",
                 model_metrics=ModelMetrics(
@@ -374,6 +375,29 @@ def mlflow_config(cfg: Config) -> Any:
     return MlflowConfig(mlflow_resource_arn=server, mlflow_experiment_name=experiment(cfg)) if server else None
 
 
+def with_other_serving_targets(dag: dict, cfg: Config) -> dict:
+    """RegisterModel's AdditionalInferenceSpecifications: the version on the serving target the config does not
+    deploy to (GPU for a CPU endpoint, CPU for a GPU one), with the same artifact and environment (the handler picks
+    its device) on that target's image, so that it can be deployed there from the registry. Written into the
+    definition by hand: the SDK's register() takes no additional specifications (sagemaker 3.27)."""
+    from pipeline.dag.graph import flatten_steps
+
+    (register,) = [s for s in flatten_steps(dag["Steps"]).values() if s["Type"] == "RegisterModel"]
+    specification = register["Arguments"]["InferenceSpecification"]
+    other = "gpu" if cfg.deploy.target == "cpu" else "cpu"
+    container = {**specification["Containers"][0],
+                 "Image": cfg.image("inference_gpu" if other == "gpu" else "inference")}
+    register["Arguments"]["AdditionalInferenceSpecifications"] = [{
+        "Name": f"{other}-endpoint",
+        "Description": f"The same version on {other.upper()} instances ({SERVING_FAMILIES[other]})",
+        "Containers": [container],
+        "SupportedRealtimeInferenceInstanceTypes": list(SPEC_INSTANCE_TYPES[other]),
+        "SupportedContentTypes": specification["SupportedContentTypes"],
+        "SupportedResponseMIMETypes": specification["SupportedResponseMIMETypes"],
+    }]
+    return dag
+
+
 def definition(cfg: Config) -> str:
     """The pipeline definition JSON for `cfg`, byte-identical for the same config and code."""
     logging.disable(logging.WARNING)  # the SDK narrates every default it applies
@@ -381,7 +405,7 @@ def definition(cfg: Config) -> str:
         text = build_pipeline(cfg).definition()
     finally:
         logging.disable(logging.NOTSET)
-    return json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+    return json.dumps(with_other_serving_targets(json.loads(text), cfg), indent=2, sort_keys=True) + "\n"
 
 
 def step_arguments(cfg: Config, name: str) -> list[str]:

@@ -29,6 +29,8 @@ DEFAULT_PRICES: dict[str, float] = {
     "ml.g5.16xlarge": 5.12,
     "ml.g5.24xlarge": 10.18,
     "ml.g5.48xlarge": 20.36,
+    # NVIDIA T4: the GPU serving row of `cost --serving`
+    "ml.g4dn.xlarge": 0.736,
     # CPU: processing (Tokenize, Evaluate) and the endpoint
     "ml.m5.xlarge": 0.23,
     "ml.m5.2xlarge": 0.461,

@@ -315,6 +315,21 @@ def throughput_lines(report: ExecutionCost) -> list[str]:
     ]
 
 
+def print_serving_costs(rows: list[dict], console: Console) -> None:
+    """`cost --serving`: a table of the targets, then each figure's source."""
+    cells = []
+    for row in rows:
+        price, cost = row["price_per_hour"], row["cost_per_million"]
+        cells.append([row["target"] + ("" if row["deployable"] else " (not deployable yet)"), row["instance_type"],
+                      f"{row['requests_per_second']:,.1f}", "unknown" if price is None else f"{price:.3f}",
+                      "unknown (set prices.on_demand)" if cost is None else f"{cost:.3f}"])
+    columns = ["target", "instance type", "requests/s", "USD/hour", "USD per 1M requests"]
+    console.print(FittedTable("Serving targets, BERT-base", columns, cells, right=tuple(columns[2:])))
+    console.print(f"at {rows[0]['utilisation']:.0%} of each instance's throughput, one BERT-base request a time")
+    for row in rows:
+        console.print(f"{row['target']}: {row['source']}", style="dim")
+
+
 def print_cost(report: ExecutionCost, console: Console) -> None:
     console.print(cost_table(report))
     for line in throughput_lines(report):

@@ -198,10 +198,12 @@ LAGS = {
     "CreateModelPackage's newer members": Lag(
         lambda v: v.scope == "RegisterModel step"
         and v.path == "Arguments"
-        and v.kind == "unexpected CustomerMetadataProperties, ModelApprovalStatus, SkipModelValidation",
-        "botocore CreateModelPackageInput has CustomerMetadataProperties, ModelApprovalStatus, SkipModelValidation",
-        lambda: {"CustomerMetadataProperties", "ModelApprovalStatus", "SkipModelValidation"}
-        <= members("CreateModelPackageInput"),
+        and v.kind == ("unexpected AdditionalInferenceSpecifications, CustomerMetadataProperties, "
+                       "ModelApprovalStatus, SkipModelValidation"),
+        "botocore CreateModelPackageInput has AdditionalInferenceSpecifications, CustomerMetadataProperties, "
+        "ModelApprovalStatus, SkipModelValidation",
+        lambda: {"AdditionalInferenceSpecifications", "CustomerMetadataProperties", "ModelApprovalStatus",
+                 "SkipModelValidation"} <= members("CreateModelPackageInput"),
     ),
     "a model package container's Environment": Lag(
         lambda v: v.scope == "RegisterModel step"

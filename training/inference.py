@@ -1,4 +1,4 @@
-"""SageMaker inference handler of the sentiment classifier, for the Hugging Face CPU inference container, which
+"""SageMaker inference handler of the sentiment classifier, for the Hugging Face inference container (CPU or GPU), which
 (as the local endpoint) calls ``model_fn`` once, then ``input_fn`` -> ``predict_fn`` -> ``output_fn`` per request.
 
 Requests: application/json {"inputs": "text" | [text, ...]} (the Hugging Face convention; "parameters" is accepted
@@ -15,7 +15,9 @@ says ``"truncated": true``. Bad input raises ``InferenceError``: message the JSO
 "detail": ...}``, ``status`` the HTTP status (400, 406, 413, 415; the container answers 400 with the message). No
 request can break the loaded model.
 
-Variants, named by the environment the pipeline registers (the evaluation's choice): INFERENCE_RUNTIME=torch
+On a GPU (the inference image's GPU build on an ml.g* / ml.p* instance) the model runs in fp32 on CUDA, variant
+torch-fp32-cuda, whatever CPU variant the environment names. On the CPU, variants, named by the environment the
+pipeline registers (the evaluation's choice): INFERENCE_RUNTIME=torch
 (default), with INFERENCE_QUANTIZE=int8 its Linear layers dynamically quantized; INFERENCE_RUNTIME=onnxruntime runs
 the evaluation's fused graph (onnx/model-{int8,fp32}.onnx) on ONNX Runtime from the image, else from the artifact's
 code/packages/ (nothing is downloaded). A variant that cannot run here falls back to torch fp32, in the log.
@@ -152,14 +154,15 @@ def onnx_forward(path: Path, threads: int, ort: Any) -> tuple[Forward, Any]:
     return forward, session
 
 
-def torch_forward(model: Any) -> Forward:
-    """The Forward of a transformers sequence classifier, under torch.inference_mode."""
+def torch_forward(model: Any, device: str = "cpu") -> Forward:
+    """The Forward of a transformers sequence classifier on `device`, under torch.inference_mode."""
     import torch
 
     def forward(ids: np.ndarray, mask: np.ndarray | None, types: np.ndarray | None) -> np.ndarray:
         with torch.inference_mode():
             given = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            return model(**{k: torch.from_numpy(v) for k, v in given.items() if v is not None}).logits.float().numpy()
+            inputs = {k: torch.from_numpy(v).to(device) for k, v in given.items() if v is not None}
+            return model(**inputs).logits.float().cpu().numpy()
 
     return forward
 
@@ -180,9 +183,12 @@ class Classifier:
     runtime: str
     quantize: str
 
+    device: str = "cpu"
+
     @property
-    def variant(self) -> str:  # e.g. onnxruntime-int8, torch-fp32
-        return f"{self.runtime}-{'int8' if self.quantize == 'int8' else 'fp32'}"
+    def variant(self) -> str:  # e.g. onnxruntime-int8, torch-fp32, torch-fp32-cuda
+        name = f"{self.runtime}-{'int8' if self.quantize == 'int8' else 'fp32'}"
+        return name if self.device == "cpu" else f"{name}-{self.device}"
 
     def _encode(self, text: Text) -> Any:  # a pair is cut in its content, as the Tokenize step does
         if isinstance(text, str):
@@ -275,12 +281,21 @@ def _variant(model_dir: Path, runtime: str, quantize: str, threads: int) -> tupl
     torch.set_num_threads(threads)
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
     model = quantize_int8(model) if quantize == "int8" else model
-    return torch_forward(model), model
+    return torch_forward(model, "cpu"), model
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def load(model_dir: str | Path, runtime: str = "torch", quantize: str = "none", threads: int | None = None,
-         max_length: int | None = None) -> Classifier:
-    """The classifier of model_dir as the `runtime` / `quantize` variant; RuntimeUnavailable if it cannot run here."""
+         max_length: int | None = None, device: str = "cpu") -> Classifier:
+    """The classifier of model_dir as the `runtime` / `quantize` variant on the CPU, or torch fp32 on `device` cuda;
+    RuntimeUnavailable if it cannot run here."""
     if runtime not in RUNTIMES or quantize not in QUANTIZATIONS:
         raise ValueError(f"unknown variant {runtime}/{quantize}: expected a runtime of {RUNTIMES}, of {QUANTIZATIONS}")
     model_dir = Path(model_dir)
@@ -291,10 +306,17 @@ def load(model_dir: str | Path, runtime: str = "torch", quantize: str = "none", 
     tokenizer.no_padding()
     pair_tokenizer = type(tokenizer).from_str(tokenizer.to_str())
     pair_tokenizer.enable_truncation(max_length, strategy="only_second")
-    forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads())
+    if device == "cuda":  # a GPU: torch fp32 on it, whatever CPU variant the evaluation chose
+        import torch
+        from transformers import AutoModelForSequenceClassification
+        runtime, quantize = "torch", "none"
+        model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval().to(torch.device("cuda"))
+        forward = torch_forward(model, "cuda")
+    else:
+        forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads())
     return Classifier(tokenizer, pair_tokenizer, forward, model, _labels(config), max_length,
                       _env_int("INFERENCE_MAX_TEXTS", 256), _env_int("INFERENCE_MICRO_BATCH", MICRO_BATCH[quantize]),
-                      pad_id, runtime, quantize)
+                      pad_id, runtime, quantize, device)
 
 
 def model_fn(model_dir: str) -> Classifier:
@@ -302,8 +324,12 @@ def model_fn(model_dir: str) -> Classifier:
     runtime = _env_choice("INFERENCE_RUNTIME", RUNTIMES)
     quantize = _env_choice("INFERENCE_QUANTIZE", QUANTIZATIONS)
     max_length = _env_int("INFERENCE_MAX_LENGTH", 0, minimum=8) or None
+    device = "cuda" if cuda_available() else "cpu"  # the GPU build of the image on a GPU instance
+    if device == "cuda" and (runtime, quantize) != ("torch", "none"):
+        LOG.info("inference: INFERENCE_RUNTIME=%s INFERENCE_QUANTIZE=%s is the evaluation's CPU variant: serving "
+                 "torch fp32 on the GPU", runtime, quantize)
     try:
-        classifier = load(model_dir, runtime, quantize, max_length=max_length)
+        classifier = load(model_dir, runtime, quantize, max_length=max_length, device=device)
     except RuntimeUnavailable as e:
         LOG.warning("inference: INFERENCE_RUNTIME=%s INFERENCE_QUANTIZE=%s cannot run here (%s): serving torch fp32",
                     runtime, quantize, e)

@@ -179,9 +179,22 @@ def cost(
     local: LOCAL = False,
     root: ROOT = None,
     as_json: JSON = False,
+    serving: Annotated[bool, typer.Option("--serving", help="Instead: what a million requests cost on each "
+                                                            "serving target (CPU, GPU, Inferentia2).")] = False,
+    utilisation: Annotated[float, typer.Option(help="--serving: the share of an instance's throughput used.")] = 0.5,
 ) -> None:
     """What each job of an execution cost (instances x billable seconds x on-demand price), the total, and the
-    training throughput and cost per million samples. --local: the would-be AWS cost of a local run's wall time."""
+    training throughput and cost per million samples. --local: the would-be AWS cost of a local run's wall time.
+    --serving: the price per million requests of each serving target, each figure with its source."""
+    if serving:
+        from pipeline.serving_cost import serving_costs
+
+        rows = serving_costs(ctx.obj.load(local).prices.price, utilisation)
+        if as_json:
+            sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        else:
+            views.print_serving_costs(rows, console)
+        return
     report = ctx.obj.backend(local, root).cost(execution)
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")

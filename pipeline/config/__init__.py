@@ -60,7 +60,9 @@ class Images(Section):
 
     training: str = Field(min_length=1)  # a pytorch-training-neuronx DLC (backend xla), or your TorchNeuron image
     processing: str = Field(min_length=1)
-    inference: str = Field(min_length=1)
+    inference: str = Field(min_length=1)  # the endpoints' on CPU instances (deploy.instance_type ml.c*, m*, r*, t*)
+    # the endpoints' on GPU instances (ml.g*, ml.p*): the same release's GPU build
+    inference_gpu: str = Field(min_length=1)
     evaluation: str | None = Field(default=None, min_length=1)  # Evaluate's; default: the inference image
     wheels: str | None = Field(default=None, pattern=S3_URI)  # wheels of steps/requirements.txt, for no internet
     # GPU training image for `compare` on p*/g* instances (same train.py; carries transformers and pyarrow)
@@ -69,11 +71,11 @@ class Images(Section):
         "huggingface-pytorch-training:2.8.0-transformers4.56.2-gpu-py312-cu129-ubuntu22.04"
     )
 
-    @field_validator("training_cuda")
+    @field_validator("training_cuda", "inference_gpu")
     @classmethod
-    def _cuda_image(cls, v: str) -> str:
+    def _cuda_image(cls, v: str, info: Any) -> str:
         if "gpu" not in v or "neuron" in v:
-            raise ValueError(f"images.training_cuda={v!r}: expected a GPU training image (a tag with 'gpu')")
+            raise ValueError(f"images.{info.field_name}={v!r}: expected a GPU image (a tag with 'gpu')")
         return v
 
 
@@ -374,10 +376,16 @@ class Config(Section):
         aws = self.aws
         return f"arn:{aws.partition}:lambda:{aws.region}:{aws.account}:function:{self.deploy.lambda_function_name}"
 
-    def image(self, kind: Literal["training", "processing", "inference", "evaluation", "training_cuda"]) -> str:
+    def image(self, kind: Literal["training", "processing", "inference", "evaluation", "training_cuda",
+                                  "inference_gpu"]) -> str:
         uri = getattr(self.images, kind)
         uri = self.images.inference if uri is None and kind == "evaluation" else uri
         return uri.replace("{region}", self.aws.region)
+
+    @property
+    def serving_image(self) -> str:
+        """The endpoints' image: the inference image of deploy's serving target (CPU or GPU)."""
+        return self.image("inference_gpu" if self.deploy.target == "gpu" else "inference")
 
 
 # what pydantic adds to an error's loc: a union member's name (bool, literal['auto'], function-after[...]), [key]

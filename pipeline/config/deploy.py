@@ -16,6 +16,7 @@ from pipeline.config.base import (
 )
 from steps.deploy.lifecycle import Policy
 from steps.deploy.sagemaker_account import TARGET_INVOCATIONS
+from steps.deploy.targets import serving_target
 
 POLICY = Policy()  # the lifecycle's defaults (the deploy Lambda falls back to them too): their one home
 TOPIC_ARN = pattern(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w.-]+$",
@@ -27,7 +28,7 @@ class Staging(Section):
 
     # default: <deploy.endpoint_name>-staging
     endpoint_name: str | None = Field(default=None, pattern=ENDPOINT_NAME, max_length=ENDPOINT_NAME_LENGTH)
-    instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
+    instance_type: str | None = Field(default=None, pattern=INSTANCE_TYPE)  # default: deploy.instance_type
     instance_count: int = Field(default=1, ge=1)
 
 
@@ -83,6 +84,15 @@ class Deploy(Section):
     autoscaling: Autoscaling = Autoscaling()
 
     @property
+    def staging_instance_type(self) -> str:
+        return self.staging.instance_type or self.instance_type
+
+    @property
+    def target(self) -> str:
+        """The serving stack of the endpoints: "cpu" or "gpu" (staging and production have the same)."""
+        return serving_target(self.instance_type)
+
+    @property
     def staging_endpoint_name(self) -> str:
         return self.staging.endpoint_name or f"{self.endpoint_name}-staging"
 
@@ -96,6 +106,12 @@ class Deploy(Section):
         if self.staging_endpoint_name.lower() == self.endpoint_name.lower():
             raise ValueError(f"deploy.staging.endpoint_name={self.staging_endpoint_name!r}: expected another name "
                              f"than deploy.endpoint_name")
+        target = serving_target(self.instance_type)
+        staged = serving_target(self.staging_instance_type, "deploy.staging.instance_type")
+        if staged != target:
+            raise ValueError(f"deploy.staging.instance_type={self.staging_instance_type}: a {staged} instance, while "
+                             f"deploy.instance_type={self.instance_type} is a {target} one; expected the same kind, "
+                             "so that staging tests the serving stack production runs")
         scaling = self.autoscaling
         if not scaling.min_instances <= self.instance_count <= scaling.max_instances:
             raise ValueError(f"deploy.instance_count={self.instance_count}: expected within deploy.autoscaling's "

@@ -26,7 +26,7 @@ def settings(cfg: Config) -> Settings:
     deploy, scaling = cfg.deploy, cfg.deploy.autoscaling
     return Settings(
         group=cfg.pipeline.model_package_group,
-        staging=Stage(deploy.staging_endpoint_name, deploy.staging.instance_type, deploy.staging.instance_count),
+        staging=Stage(deploy.staging_endpoint_name, deploy.staging_instance_type, deploy.staging.instance_count),
         production=Stage(deploy.endpoint_name, deploy.instance_type, deploy.instance_count),
         role_arn=cfg.aws.role_arn,
         data_capture_s3_uri=deploy.data_capture_s3_uri,

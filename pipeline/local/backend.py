@@ -66,6 +66,14 @@ class LocalBackend:
     def check(self, parameters: dict[str, str]) -> None:
         check_parameter_values(self.cfg, resolve(self.definition, parameters), parameters, error=ParameterError)
 
+    def serving_note(self) -> str:
+        """Where AWS would serve otherwise than the local endpoint does (on this machine's CPU), else ""."""
+        deploy = self.cfg.deploy
+        if deploy.target == "cpu":
+            return ""
+        return (f"; its endpoints serve on this machine's CPU, while on AWS deploy.instance_type="
+                f"{deploy.instance_type} serves on the {deploy.target.upper()} with {self.cfg.serving_image}")
+
     def upsert(self) -> Upserted:
         """What `upsert` does on AWS: check the job steps as requests, put the step code at its content-hashed keys
         and the tracking file at its own, and store the definition."""
@@ -73,7 +81,7 @@ class LocalBackend:
         stored = self.layout.pipeline_definition(self.pipeline)
         report = Upserted(action="updated" if stored.exists() else "created",
                           pipeline_arn=f"{LOCAL_ARN}:pipeline/{self.pipeline.lower()}",
-                          deploy_function="local (steps/deploy/ on the local account)")
+                          deploy_function="local (steps/deploy/ on the local account)" + self.serving_note())
         self.s3.put_bytes(*tracking_settings(self.cfg))  # always: its key is fixed
         for bundle in job_bundles():
             for uri, data in bundle.uploads(self.cfg.s3_root).items():

@@ -36,6 +36,7 @@ IMAGE_PARAMETERS = {
     "inference": "InferenceImageRepository",
     "evaluation": "EvaluationImageRepository",
     "training_cuda": "CudaTrainingImageRepository",
+    "inference_gpu": "GpuInferenceImageRepository",
 }
 IMAGE_URI = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/([^:@]+)[:@].+$")
 

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from steps.contract import EXPERIMENT_ENV, TRACKING_URI_ENV
-from steps.deploy import challenge, endpoint_check, lifecycle
+from steps.deploy import challenge, endpoint_check, lifecycle, targets
 from steps.deploy import sagemaker_endpoints as endpoints
 
 SUBJECT_LIMIT = 99  # SNS: a subject is under 100 ASCII characters, one line
@@ -354,7 +354,8 @@ class SageMakerAccount:
                 code = (getattr(e, "response", None) or {}).get("Error", {}).get("Code", type(e).__name__)
                 print(json.dumps({"warning": f"cannot read {report}: {code}: the endpoint test checks no latency"}))
                 evaluation = {}
-        return endpoint_check.expectation(containers[0].get("Environment") or {}, evaluation)
+        device = targets.DEVICES[targets.serving_target(self.settings.staging.instance_type)]
+        return endpoint_check.expectation(containers[0].get("Environment") or {}, evaluation, device)
 
     def alert(self, line: str, detail: dict[str, Any]) -> None:
         """One readable line plus the JSON, to the alerts topic (when configured) and the log."""

@@ -1,0 +1,68 @@
+"""What a million requests cost on each serving target (`cost --serving`): instance-hour price / (requests per
+second per instance x 3600 x utilisation) x 1e6.
+
+Every throughput figure says where it comes from: the CPU one was measured on this project's 2-core development
+machine (not on an ml.c5.xlarge), the GPU and Inferentia2 ones are their vendors' published BERT-base figures
+(sequence length 128, batch 1, one request a time). A price the config does not know is shown as unknown, as in
+`cost`. Hand-written: no library or AWS API gives a model's throughput per instance type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One serving target's requests per second per instance for BERT-base, and where the figure comes from."""
+
+    target: str
+    instance_type: str
+    requests_per_second: float
+    source: str
+    deployable: bool = True  # the pipeline serves this target (Inferentia2: not yet)
+
+
+# bench_inference.py, 2026-12-03 (docs/benchmarks.md): the served variant of a bert-base-sized model answered one
+# review in 16.2 ms (p50) with 2 threads, on a 2-core machine; deploy.model_server_workers (2) processes
+CPU_P50_MS, CPU_WORKERS = 16.2, 2
+THROUGHPUTS = (
+    Throughput("cpu", "ml.c5.xlarge", CPU_WORKERS * 1000 / CPU_P50_MS,
+               "measured on this project's 2-core development machine, not on an ml.c5.xlarge: the served "
+               f"variant's one-review p50 of {CPU_P50_MS} ms x {CPU_WORKERS} workers (benchmarks/bench_inference.py, "
+               "2026-12-03, docs/benchmarks.md)"),
+    Throughput("gpu", "ml.g4dn.xlarge", 54.28,
+               "published: NVIDIA Tesla T4, BERT-base, seq 128, batch 1, FP32 (TensorFlow, no TensorRT): 54.28 "
+               "sentences/s; NVIDIA/DeepLearningExamples@729963dd47e7c8bd462ad10bfac7a7b0b604e6dd:"
+               "TensorFlow/LanguageModeling/BERT/README.md. The handler serves fp32; no A10G (ml.g5) figure is "
+               "published"),
+    Throughput("inf2", "ml.inf2.xlarge", 1998.21,
+               "published: bert-base-uncased, inf2.xlarge, seq 128, batch 1, BF16 matmul autocast, Neuron 2.26.0: "
+               "1,998.21 inferences/s; aws-neuron/aws-neuron-sdk@81ce03ae261e12925e53437a0f690478e6366155:"
+               "about-neuron/benchmarks/inf2/latency_data_encoder.csv. Not deployable by the pipeline yet",
+               deployable=False),
+)
+
+
+def cost_per_million(price_per_hour: float | None, requests_per_second: float, utilisation: float) -> float | None:
+    """USD per million requests at `utilisation` of the instance's throughput; None without a price."""
+    if price_per_hour is None:
+        return None
+    return price_per_hour / (requests_per_second * 3600 * utilisation) * 1e6
+
+
+def serving_costs(price: Callable[[str], float | None], utilisation: float) -> list[dict]:
+    """One row per target: its figure, its source, the instance's price (`price`: the config's prices) and the cost
+    per million requests."""
+    if not 0 < utilisation <= 1:
+        raise ValueError(f"--utilisation {utilisation}: expected a share of the throughput in (0, 1]")
+    rows = []
+    for figure in THROUGHPUTS:
+        hourly = price(figure.instance_type)
+        rows.append({"target": figure.target, "instance_type": figure.instance_type,
+                     "requests_per_second": round(figure.requests_per_second, 2), "price_per_hour": hourly,
+                     "utilisation": utilisation,
+                     "cost_per_million": cost_per_million(hourly, figure.requests_per_second, utilisation),
+                     "deployable": figure.deployable, "source": figure.source})
+    return rows
