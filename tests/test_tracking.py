@@ -34,7 +34,7 @@ ARN = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/trainium-
 
 def env(uri: str, execution: str = "exec-1", **more: str) -> dict[str, str]:
     return {contract.TRACKING_URI_ENV: uri, contract.EXPERIMENT_ENV: "bert", contract.EXECUTION_ENV: execution,
-            "TRACKING_TIMEOUT_S": "120", "TRACKING_BUDGET_S": "3", **more}
+            "TRACKING_TIMEOUT_S": "120", "TRACKING_BUDGET_S": "120", **more}
 
 
 def log_two_steps(environ: dict[str, str]) -> tuple[str | None, str | None]:
@@ -389,7 +389,7 @@ def test_an_answer_that_is_not_json_or_not_mlflow_s_is_the_reason_said(faulty, c
 def test_a_closed_port_is_asked_within_the_budget_then_one_warning_and_the_step_goes_on(capsys):
     with socket.create_server(("127.0.0.1", 0)) as s:
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
-    tracker = tracking.Tracker("Train", env(closed))
+    tracker = tracking.Tracker("Train", env(closed, TRACKING_BUDGET_S="2"))  # refused: asked again for 1.5 s
     tracker.log(metrics={"a": 1.0})
     tracker.log(metrics={"b": 2.0})
     tracker.finish()
@@ -401,7 +401,7 @@ def test_a_closed_port_is_asked_within_the_budget_then_one_warning_and_the_step_
 @pytest.mark.parametrize(("uri", "timeout", "error"), [("arn:aws:sagemaker", "5", "IndexError"),
                                                      ("http://127.0.0.1:9", "soon", "ValueError")])
 def test_a_malformed_uri_or_timeout_is_one_warning_and_the_step_goes_on(uri, timeout, error, capsys):
-    tracker = tracking.Tracker("Train", env(uri, TRACKING_TIMEOUT_S=timeout))
+    tracker = tracking.Tracker("Train", env(uri, TRACKING_TIMEOUT_S=timeout, TRACKING_BUDGET_S="2"))
     tracker.log(metrics={"a": 1.0})
     tracker.finish()
     assert not tracker.enabled and tracker.run_id is None
@@ -423,7 +423,8 @@ def test_the_tracker_needs_nothing_outside_the_standard_library(uri, tmp_path):
             "print('enabled', t.enabled)")
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
                           cwd=shipped_tracker(tmp_path),
-                          env={**env(uri, TRACKING_TIMEOUT_S="2"), "PATH": os.environ.get("PATH", "")})
+                          env={**env(uri, TRACKING_TIMEOUT_S="2", TRACKING_BUDGET_S="2"),
+                               "PATH": os.environ.get("PATH", "")})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "enabled False"
     (warning,) = done.stderr.strip().splitlines()
