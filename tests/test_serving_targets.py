@@ -153,3 +153,36 @@ def test_cost_serving_prices_a_million_requests_per_target_with_each_figures_sou
     shown = {r["target"]: r for r in json.loads(done.output)}
     assert shown["gpu"]["price_per_hour"] == 0.736 and shown["gpu"]["utilisation"] == 0.25
     assert shown["gpu"]["cost_per_million"] == pytest.approx(0.736 / (54.28 * 3600 * 0.25) * 1e6)
+
+
+@pytest.mark.parametrize(("staging", "expected"), [
+    ("ml.c5.xlarge", {"variant": "onnxruntime-int8", "p50_ms": 4.2}),
+    ("ml.g5.xlarge", {"variant": "torch-fp32-cuda", "p50_ms": None}),
+])
+def test_the_deploy_lambda_expects_the_variant_of_its_staging_instances_target(staging, expected, monkeypatch):
+    """The Lambda reads a version's environment and evaluation from the registry (moto) and expects, on a GPU
+    staging endpoint, the CUDA variant without Evaluate's CPU p50."""
+    from moto import mock_aws
+
+    from steps.deploy import lifecycle
+    from steps.deploy.sagemaker_account import SageMakerAccount, Settings
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        sm, s3 = (boto3.client(name, region_name="us-east-1") for name in ("sagemaker", "s3"))
+        s3.create_bucket(Bucket="bucket")
+        s3.put_object(Bucket="bucket", Key="e/evaluation.json",
+                      Body=json.dumps({"inference": {"variant": "onnxruntime-int8", "p50_ms": 4.2}}).encode())
+        sm.create_model_package_group(ModelPackageGroupName="g")
+        arn = sm.create_model_package(
+            ModelPackageGroupName="g", ModelApprovalStatus="Approved",
+            InferenceSpecification={"Containers": [{"Image": "img", "ModelDataUrl": "s3://bucket/m.tar.gz", "Environment": {
+                "INFERENCE_RUNTIME": "onnxruntime", "INFERENCE_QUANTIZE": "int8"}}],
+                "SupportedContentTypes": ["application/json"], "SupportedResponseMIMETypes": ["application/json"]},
+            ModelMetrics={"ModelQuality": {"Statistics": {"ContentType": "application/json",
+                                                          "S3Uri": "s3://bucket/e/evaluation.json"}}})["ModelPackageArn"]
+        settings = Settings.from_env({"MODEL_PACKAGE_GROUP": "g", "ENDPOINT_NAME": "e", "INSTANCE_TYPE": staging,
+                                      "STAGING_INSTANCE_TYPE": staging})
+        account = SageMakerAccount(settings, sm, s3=s3)
+        assert account.expected(lifecycle.Version(1, "Approved", arn=arn)) == expected
