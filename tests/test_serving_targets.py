@@ -177,8 +177,9 @@ def test_the_deploy_lambda_expects_the_variant_of_its_staging_instances_target(s
         sm.create_model_package_group(ModelPackageGroupName="g")
         arn = sm.create_model_package(
             ModelPackageGroupName="g", ModelApprovalStatus="Approved",
-            InferenceSpecification={"Containers": [{"Image": "img", "ModelDataUrl": "s3://bucket/m.tar.gz", "Environment": {
-                "INFERENCE_RUNTIME": "onnxruntime", "INFERENCE_QUANTIZE": "int8"}}],
+            InferenceSpecification={"Containers": [{"Image": "img", "ModelDataUrl": "s3://bucket/m.tar.gz",
+                                                    "Environment": {"INFERENCE_RUNTIME": "onnxruntime",
+                                                                    "INFERENCE_QUANTIZE": "int8"}}],
                 "SupportedContentTypes": ["application/json"], "SupportedResponseMIMETypes": ["application/json"]},
             ModelMetrics={"ModelQuality": {"Statistics": {"ContentType": "application/json",
                                                           "S3Uri": "s3://bucket/e/evaluation.json"}}})["ModelPackageArn"]
