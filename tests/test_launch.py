@@ -87,7 +87,7 @@ def neuron_job(tmp_path_factory):
     record, cache = root / "compile-record.txt", root / "cache"
     given = dict(zip(config_arguments()[::2], config_arguments()[1::2], strict=True))
 
-    def run(name: str, **changed: str) -> tuple[dict, list[str]]:
+    def run(name: str, cache_url: str | None = None, **changed: str) -> tuple[dict, list[str]]:
         hyperparameters = {**{k[2:]: v for k, v in given.items()}, "model-id": str(model), "max-length": "32",
                            "batch-size": "8", "max-steps": "2", "log-interval": "1", "backend": "xla",
                            "compile-ahead": "true", **changed,
@@ -95,7 +95,8 @@ def neuron_job(tmp_path_factory):
         args = {"AlgorithmSpecification": {"TrainingInputMode": "File"}, "HyperParameters": hyperparameters,
                 "InputDataConfig": [{"ChannelName": split, "DataSource": {"S3DataSource": {
                     "S3Uri": f"s3://bucket/data/{split}"}}} for split in ("train", "validation", "test")],
-                "Environment": {"NEURON_COMPILE_CACHE_URL": str(cache), "COMPILE_RECORD": str(record),
+                "Environment": {"NEURON_COMPILE_CACHE_URL": str(cache) if cache_url is None else cache_url,
+                                "COMPILE_RECORD": str(record),
                                 "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"},
                 "OutputDataConfig": {"S3OutputPath": "s3://bucket/out"}}
         with (root / f"{name}.log").open("w") as log:
@@ -130,6 +131,8 @@ def test_off_neuron_or_switched_off_the_job_only_trains(neuron_job):
     stats, passes = neuron_job("switched-off", **{"compile-ahead": "false", "batch-size": "2"})
     assert "compile" not in stats and not any(" --batch-size 2 " in line for line in passes)
     assert stats["steps"] == 2
+    stats, passes = neuron_job("no-cache", cache_url="", **{"batch-size": "3"})  # nowhere to keep a manifest
+    assert "compile" not in stats and not any(" --batch-size 3 " in line for line in passes) and stats["steps"] == 2
 
 
 def test_the_job_passes_on_train_pys_exit_code(monkeypatch):

@@ -266,7 +266,7 @@ def _tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, int, int]:
     return tokenizer, limit, int(pad_id if pad_id is not None else config.get("pad_token_id") or 0)
 
 
-def _variant(model_dir: Path, runtime: str, quantize: str, threads: int) -> tuple[Forward, Any]:
+def _variant(model_dir: Path, runtime: str, quantize: str, threads: int, device: str) -> tuple[Forward, Any]:
     if runtime == "onnxruntime":
         path = onnx_path(model_dir, quantize)
         if not path.is_file():
@@ -280,8 +280,8 @@ def _variant(model_dir: Path, runtime: str, quantize: str, threads: int) -> tupl
     from transformers import AutoModelForSequenceClassification
     torch.set_num_threads(threads)
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
-    model = quantize_int8(model) if quantize == "int8" else model
-    return torch_forward(model, "cpu"), model
+    model = quantize_int8(model) if quantize == "int8" else model.to(torch.device(device))
+    return torch_forward(model, device), model
 
 
 def cuda_available() -> bool:
@@ -306,14 +306,9 @@ def load(model_dir: str | Path, runtime: str = "torch", quantize: str = "none", 
     tokenizer.no_padding()
     pair_tokenizer = type(tokenizer).from_str(tokenizer.to_str())
     pair_tokenizer.enable_truncation(max_length, strategy="only_second")
-    if device == "cuda":  # a GPU: torch fp32 on it, whatever CPU variant the evaluation chose
-        import torch
-        from transformers import AutoModelForSequenceClassification
+    if device != "cpu":  # a GPU: torch fp32 on it, whatever CPU variant the evaluation chose
         runtime, quantize = "torch", "none"
-        model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval().to(torch.device("cuda"))
-        forward = torch_forward(model, "cuda")
-    else:
-        forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads())
+    forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads(), device)
     return Classifier(tokenizer, pair_tokenizer, forward, model, _labels(config), max_length,
                       _env_int("INFERENCE_MAX_TEXTS", 256), _env_int("INFERENCE_MICRO_BATCH", MICRO_BATCH[quantize]),
                       pad_id, runtime, quantize, device)

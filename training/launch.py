@@ -160,8 +160,11 @@ def main(argv: list[str] | None = None) -> None:
     if not (neuron and compile_ahead):
         torchrun(arguments, compile_pass=False)
         return
-    default_cache = Path(os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml")) / "checkpoints" / "neuron-compile-cache"
-    cache = CompileCache(os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(default_cache)))
+    if not os.environ.get("NEURON_COMPILE_CACHE_URL"):  # the Train step always sets it; a bare job keeps no manifest
+        print("launch: no NEURON_COMPILE_CACHE_URL, so no manifest to keep: train.py compiles as it goes", flush=True)
+        torchrun(arguments, compile_pass=False)
+        return
+    cache = CompileCache(os.environ["NEURON_COMPILE_CACHE_URL"])
     processes = int(env.additional_framework_parameters.get("sagemaker_mpi_num_of_processes_per_host")
                     or env.num_neurons)
     inputs = graph_inputs(arguments, processes * len(env.hosts), env.current_instance_type,

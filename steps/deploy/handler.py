@@ -85,10 +85,10 @@ def _execution_event(settings: sagemaker_account.Settings, detail: dict) -> dict
     if not ended or not settings.tracking_uri:
         return _ignored(f"execution {detail.get('currentPipelineExecutionStatus')!r}"
                         + ("" if settings.tracking_uri else ", and no tracking server"))
-    execution = str(detail.get("pipelineExecutionArn", "")).rsplit("/", 1)[-1]
+    arn = str(detail.get("pipelineExecutionArn", ""))
+    execution = arn.rsplit("/", 1)[-1]
     tracker = tracking.Tracker("deploy", {contract.TRACKING_URI_ENV: settings.tracking_uri,
-                                          contract.EXECUTION_ENV: execution,
-                                          tracking.EXECUTION_ARN_ENV: str(detail.get("pipelineExecutionArn", "")),
+                                          contract.EXECUTION_ENV: execution, tracking.EXECUTION_ARN_ENV: arn,
                                           contract.EXPERIMENT_ENV: settings.experiment or tracking.DEFAULT_EXPERIMENT})
     run_id = tracker.end_open(ended)
     if run_id:
