@@ -19,7 +19,7 @@ from pipeline.config import Config
 from pipeline.config.tracking import experiment, tracking_prefix
 from pipeline.sdk import MODEL_INPUT, StepParts, offline_sdk
 from steps import contract
-from steps.deploy.targets import SERVING_FAMILIES, SPEC_INSTANCE_TYPES
+from steps.deploy.targets import SERVING_FAMILIES, SPEC_INSTANCE_TYPES, TARGET_NAMES
 
 if TYPE_CHECKING:
     from sagemaker.core.workflow.properties import PropertyFile
@@ -217,10 +217,12 @@ class Steps(StepParts):
                         "--seed": str(self.cfg.training.seed),
                         "--tracking-dir": contract.TRACKING_DIR,
                         "--int8-tolerance": str(evaluation.int8_tolerance),
+                        "--fp16-tolerance": str(evaluation.fp16_tolerance),
                         "--baseline-rows": str(evaluation.baseline_rows),
                         "--gate-metric": evaluation.gate_metric,
                     }),
                     "--int8" if evaluation.int8 else "--no-int8",
+                    "--fp16" if evaluation.fp16 else "--no-fp16",
                 ],
             ),
             property_files=[report],
@@ -263,9 +265,12 @@ class Steps(StepParts):
             # the variant the evaluation chose on the test split: runtime (torch / onnxruntime), fp32 or int8
             "INFERENCE_RUNTIME": self.report_value(evaluate, report, contract.RUNTIME_PATH),
             "INFERENCE_QUANTIZE": self.report_value(evaluate, report, contract.QUANTIZE_PATH),
+            # ... and the precision a GPU serves in: fp16 if it loses no accuracy beyond evaluation.fp16_tolerance
+            "INFERENCE_GPU_PRECISION": self.report_value(evaluate, report, contract.GPU_PRECISION_PATH),
         }
-        model = ModelBuilder(image_uri=cfg.serving_image, s3_model_data_url=model_data,
-                             role_arn=cfg.aws.role_arn, sagemaker_session=self.session, env_vars=environment)
+        model = ModelBuilder(image_uri=cfg.serving_image, s3_model_data_url=model_data, role_arn=cfg.aws.role_arn,
+                             sagemaker_session=self.session,
+                             env_vars=target_environment(cfg, cfg.deploy.target, environment))
         return ModelStep(
             name=contract.REGISTER,
             step_args=model.register(
@@ -375,26 +380,45 @@ def mlflow_config(cfg: Config) -> Any:
     return MlflowConfig(mlflow_resource_arn=server, mlflow_experiment_name=experiment(cfg)) if server else None
 
 
+NEURON_ENVIRONMENT = ("INFERENCE_NEURON_BATCH_SIZE", "INFERENCE_NEURON_SEQUENCE_LENGTH", "INFERENCE_NEURON_CAST",
+                      "NEURON_RT_NUM_CORES")
+
+
+def target_environment(cfg: Config, target: str, environment: dict[str, Any]) -> dict[str, Any]:
+    """The serving container's environment on `target` from the register step's (`environment`: the handler reads
+    what its device needs, as INFERENCE_GPU_PRECISION on CUDA alone). On Inferentia2: the static shapes and cast the
+    handler compiles the model with (deploy.neuron), one NeuronCore per model-server worker, and no worker count, so
+    that the Hugging Face toolkit starts one worker per NeuronCore (its rule when SAGEMAKER_MODEL_SERVER_WORKERS is
+    unset)."""
+    common = {k: v for k, v in environment.items() if k not in NEURON_ENVIRONMENT}
+    if target != "neuron":
+        return {**common, "SAGEMAKER_MODEL_SERVER_WORKERS": str(cfg.deploy.model_server_workers)}
+    neuron = cfg.deploy.neuron
+    return {**{k: v for k, v in common.items() if k != "SAGEMAKER_MODEL_SERVER_WORKERS"},
+            "INFERENCE_NEURON_BATCH_SIZE": str(neuron.batch_size),
+            "INFERENCE_NEURON_SEQUENCE_LENGTH": str(neuron.sequence_length or cfg.training.max_length),
+            "INFERENCE_NEURON_CAST": neuron.cast, "NEURON_RT_NUM_CORES": "1"}
+
+
 def with_other_serving_targets(dag: dict, cfg: Config) -> dict:
-    """RegisterModel's AdditionalInferenceSpecifications: the version on the serving target the config does not
-    deploy to (GPU for a CPU endpoint, CPU for a GPU one), with the same artifact and environment (the handler picks
-    its device) on that target's image, so that it can be deployed there from the registry. Written into the
-    definition by hand: the SDK's register() takes no additional specifications (sagemaker 3.27)."""
+    """RegisterModel's AdditionalInferenceSpecifications: the version on each serving target the config does not
+    deploy to, with the same artifact on that target's image and environment, so that it can be deployed there from
+    the registry. Written into the definition by hand: the SDK's register() takes no additional specifications
+    (sagemaker 3.27)."""
     from pipeline.dag.graph import flatten_steps
 
     (register,) = [s for s in flatten_steps(dag["Steps"]).values() if s["Type"] == "RegisterModel"]
     specification = register["Arguments"]["InferenceSpecification"]
-    other = "gpu" if cfg.deploy.target == "cpu" else "cpu"
-    container = {**specification["Containers"][0],
-                 "Image": cfg.image("inference_gpu" if other == "gpu" else "inference")}
+    (container,) = specification["Containers"]
     register["Arguments"]["AdditionalInferenceSpecifications"] = [{
         "Name": f"{other}-endpoint",
-        "Description": f"The same version on {other.upper()} instances ({SERVING_FAMILIES[other]})",
-        "Containers": [container],
+        "Description": f"The same version on {TARGET_NAMES[other]} instances ({SERVING_FAMILIES[other]})",
+        "Containers": [{**container, "Image": cfg.serving_image_of(other),
+                        "Environment": target_environment(cfg, other, container["Environment"])}],
         "SupportedRealtimeInferenceInstanceTypes": list(SPEC_INSTANCE_TYPES[other]),
         "SupportedContentTypes": specification["SupportedContentTypes"],
         "SupportedResponseMIMETypes": specification["SupportedResponseMIMETypes"],
-    }]
+    } for other in SERVING_FAMILIES if other != cfg.deploy.target]
     return dag
 
 

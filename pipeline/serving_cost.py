@@ -21,7 +21,6 @@ class Throughput:
     instance_type: str
     requests_per_second: float
     source: str
-    deployable: bool = True  # the pipeline serves this target (Inferentia2: not yet)
 
 
 # bench_inference.py, 2026-12-03 (docs/benchmarks.md): the served variant of a bert-base-sized model answered one
@@ -32,16 +31,15 @@ THROUGHPUTS = (
                "measured on this project's 2-core development machine, not on an ml.c5.xlarge: the served "
                f"variant's one-review p50 of {CPU_P50_MS} ms x {CPU_WORKERS} workers (benchmarks/bench_inference.py, "
                "2026-12-03, docs/benchmarks.md)"),
-    Throughput("gpu", "ml.g4dn.xlarge", 54.28,
-               "published: NVIDIA Tesla T4, BERT-base, seq 128, batch 1, FP32 (TensorFlow, no TensorRT): 54.28 "
-               "sentences/s; NVIDIA/DeepLearningExamples@729963dd47e7c8bd462ad10bfac7a7b0b604e6dd:"
-               "TensorFlow/LanguageModeling/BERT/README.md. The handler serves fp32; no A10G (ml.g5) figure is "
-               "published"),
-    Throughput("inf2", "ml.inf2.xlarge", 1998.21,
-               "published: bert-base-uncased, inf2.xlarge, seq 128, batch 1, BF16 matmul autocast, Neuron 2.26.0: "
-               "1,998.21 inferences/s; aws-neuron/aws-neuron-sdk@81ce03ae261e12925e53437a0f690478e6366155:"
-               "about-neuron/benchmarks/inf2/latency_data_encoder.csv. Not deployable by the pipeline yet",
-               deployable=False),
+    Throughput("gpu", "ml.g4dn.xlarge", 91.93,
+               "published: NVIDIA Tesla T4, BERT-base, seq 128, batch 1, FP16 (TensorFlow, no TensorRT): 91.93 "
+               "sentences/s (FP32, served when fp16 loses accuracy: 54.28); NVIDIA/DeepLearningExamples@"
+               "729963dd47e7c8bd462ad10bfac7a7b0b604e6dd:TensorFlow/LanguageModeling/BERT/README.md. No A10G (ml.g5) "
+               "figure is published"),
+    Throughput("neuron", "ml.inf2.xlarge", 1998.21,
+               "published: bert-base-uncased, inf2.xlarge, seq 128, batch 1, BF16 matmul autocast (deploy.neuron's "
+               "defaults), Neuron 2.26.0: 1,998.21 inferences/s; aws-neuron/aws-neuron-sdk@"
+               "81ce03ae261e12925e53437a0f690478e6366155:about-neuron/benchmarks/inf2/latency_data_encoder.csv"),
 )
 
 
@@ -64,5 +62,5 @@ def serving_costs(price: Callable[[str], float | None], utilisation: float) -> l
                      "requests_per_second": round(figure.requests_per_second, 2), "price_per_hour": hourly,
                      "utilisation": utilisation,
                      "cost_per_million": cost_per_million(hourly, figure.requests_per_second, utilisation),
-                     "deployable": figure.deployable, "source": figure.source})
+                     "source": figure.source})
     return rows

@@ -320,7 +320,7 @@ def print_serving_costs(rows: list[dict], console: Console) -> None:
     cells = []
     for row in rows:
         price, cost = row["price_per_hour"], row["cost_per_million"]
-        cells.append([row["target"] + ("" if row["deployable"] else " (not deployable yet)"), row["instance_type"],
+        cells.append([row["target"], row["instance_type"],
                       f"{row['requests_per_second']:,.1f}", "unknown" if price is None else f"{price:.3f}",
                       "unknown (set prices.on_demand)" if cost is None else f"{cost:.3f}"])
     columns = ["target", "instance type", "requests/s", "USD/hour", "USD per 1M requests"]

@@ -90,6 +90,7 @@ BASELINE_MARGIN_PATH = "baseline.margin"  # the gate metric's lead over the TF-I
 LABEL_COUNT_PATH = "labels.count"  # the model's classes: how many, and a digest of their names (the registry's
 LABEL_DIGEST_PATH = "labels.digest"  # metadata holds both; the names live in the artifact's config.json)
 QUANTIZE_PATH = "inference.quantize"
+GPU_PRECISION_PATH = "inference.gpu.precision"  # fp16 or fp32: what a GPU endpoint serves
 RUNTIME_PATH = "inference.runtime"
 # Evaluate's serving artifact (the trained model plus the endpoint's chosen variant): what the registry registers
 SERVING_OUTPUT = "serving"

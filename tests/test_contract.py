@@ -82,7 +82,8 @@ def test_train_py_requires_what_the_train_step_passes_and_defaults_none_of_it():
 
 @pytest.mark.parametrize("step, module, values", [
     ("Tokenize", "steps.tokenize.preprocess", {"max_length": 128, "validation_share": 0.05, "max_bad_share": 0.01}),
-    ("Evaluate", "steps.evaluation.evaluate", {"sample_size": 4000, "min_agreement": 0.99, "int8_tolerance": 0.005}),
+    ("Evaluate", "steps.evaluation.evaluate", {"sample_size": 4000, "min_agreement": 0.99, "int8_tolerance": 0.005,
+                                                "fp16_tolerance": 0.005}),
 ])
 def test_the_step_scripts_require_what_their_step_passes_and_default_none_of_it(step, module, values):
     """As train.py: each value the config gives a processing step is required by its script (the container's

@@ -415,7 +415,8 @@ def published_images() -> dict[str, str]:
 def test_every_default_image_is_a_published_deep_learning_container():
     cfg = load_config(ROOT / "pipeline.yaml", environ={})
     published = published_images()
-    for kind in ("training", "processing", "inference", "evaluation", "training_cuda", "inference_gpu"):
+    for kind in ("training", "processing", "inference", "evaluation", "training_cuda", "inference_gpu",
+                 "inference_neuron"):
         uri = cfg.image(kind)
         registry, _, tag = uri.partition("/")
         assert registry == "763104351884.dkr.ecr.us-east-1.amazonaws.com", uri

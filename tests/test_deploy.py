@@ -116,6 +116,27 @@ def test_first_deploy_creates_model_config_and_endpoint(sm):
     assert sm.updates == []
 
 
+@pytest.mark.parametrize(("instance_type", "startup"), [("ml.inf2.xlarge", 1800), ("ml.g5.xlarge", None),
+                                                      ("ml.c5.xlarge", None)])
+def test_an_inferentia2_endpoint_gives_its_instances_time_to_compile_at_start(sm, instance_type, startup, monkeypatch):
+    """The handler compiles the model for Neuron when an inf2 instance starts: its first health check may take
+    1800 s (SageMaker's default is kept elsewhere). moto 5.2.6's list of endpoint instance types lags the API's
+    (no ml.inf2, no ml.g5): the instance type is checked against botocore's enum instead."""
+    from moto.sagemaker.exceptions import ValidationError
+    from moto.sagemaker.models import FakeEndpointConfig
+
+    types = sm.meta.service_model.shape_for("ProductionVariantInstanceType").enum
+
+    def validate_instance_type(_: FakeEndpointConfig, instance_type: str) -> None:
+        if instance_type not in types:
+            raise ValidationError(message=f"Value '{instance_type}' at 'instanceType' failed to satisfy constraint")
+
+    monkeypatch.setattr(FakeEndpointConfig, "validate_instance_type", validate_instance_type)
+    result = deploy_step.deploy(sm, register(sm, "Approved"), ENDPOINT, instance_type, 1, role_arn=ROLE)
+    (variant,) = sm.describe_endpoint_config(EndpointConfigName=result["endpoint_config_name"])["ProductionVariants"]
+    assert variant.get("ContainerStartupHealthCheckTimeoutInSeconds") == startup
+
+
 def test_redeploying_the_same_version_changes_nothing(sm):
     arn = register(sm, "Approved")
     first = deploy_step.deploy(sm, arn, ENDPOINT)

@@ -40,10 +40,13 @@ def test_ci_sets_up_with_the_readmes_first_command():
 def test_the_lifecycle_defaults_pipeline_yaml_names_are_the_code_s():
     """pipeline.yaml leaves deploy.test and deploy.auto_promote out (their one home is Policy) and says their values."""
     from steps.deploy.lifecycle import Policy
+    from steps.deploy.targets import P95_MS
 
     said = dict(re.findall(r"^  # ((?:test\.)?\w+): (\S+) ", (ROOT / "pipeline.yaml").read_text(), re.M))
     policy = Policy()
     assert said == {"test.rows": str(policy.test_rows), "test.max_accuracy_drop": str(policy.max_accuracy_drop),
-                    "test.p95_ms": str(policy.p95_ms), "test.p50_factor": str(policy.p50_factor),
+                    "test.p95_ms": "null", "test.p50_factor": str(policy.p50_factor),
                     "test.p50_overhead_ms": str(policy.p50_overhead_ms),
                     "auto_promote": str(policy.auto_promote).lower()}
+    budgets = "CPU {cpu:.0f}, GPU {gpu:.0f}, Inferentia2 {neuron:.0f}".format(**P95_MS)  # the target's default
+    assert f"target's: {budgets}; steps/deploy/targets.py" in (ROOT / "pipeline.yaml").read_text()

@@ -113,13 +113,13 @@ def split_at_median(model_dir: Path, dest: Path, rows: list[Row]) -> Path:
     return save_copy(model, model_dir, dest)
 
 
-def row_by_row(model_dir: Path, rows: list[Row], quantize: bool = False) -> np.ndarray:
+def row_by_row(model_dir: Path, rows: list[Row], quantize: bool = False, fp16: bool = False) -> np.ndarray:
     """Independent margins: one unpadded row at a time."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
-    model = ev.serving_handler(model_dir).quantize_int8(model) if quantize else model
+    model = ev.serving_handler(model_dir).quantize_int8(model) if quantize else model.half() if fp16 else model
     with torch.inference_mode():
         logits = [model(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0]
                   for ids, types, _ in rows]
@@ -253,6 +253,23 @@ def test_torch_int8_accuracy_is_that_of_the_quantized_model(model_dir: Path, tmp
     assert inference["accuracy"] == pytest.approx(int8_correct.mean(), abs=1e-12)
     assert inference["accuracy_loss"] == pytest.approx(fp32_correct.mean() - int8_correct.mean())
     assert "no ONNX Runtime variant: --no-onnx was given" in inference["reason"] and inference["onnx"] is None
+
+
+def test_a_gpu_serves_fp16_when_the_model_in_fp16_loses_no_accuracy_beyond_the_tolerance(model_dir: Path,
+                                                                                          tmp_path: Path) -> None:
+    """The fp16 model is scored on the sample (here the whole split) with the fp32 one's paired difference; within
+    --fp16-tolerance a GPU serves it, else fp32, and --no-fp16 leaves it out; the report says why."""
+    rows = random_rows(40, seed=3)
+    model_dir = split_at_median(model_dir, tmp_path / "model", rows)
+    test = write_split(tmp_path / "test", rows)
+    labels = np.array([r[2] for r in rows]) == 1
+    fp32_correct, fp16_correct = ((row_by_row(model_dir, rows, fp16=half) > 0) == labels for half in (False, True))
+    gpu = evaluate(model_dir, test, tmp_path / "within", "--fp16-tolerance", "1")["inference"]["gpu"]
+    assert gpu["precision"] == "fp16" and gpu["accuracy"] == pytest.approx(fp16_correct.mean(), abs=1e-12)
+    assert gpu["accuracy_loss"] == pytest.approx(fp32_correct.mean() - fp16_correct.mean())
+    assert gpu["reason"].startswith("fp16 loses") and gpu["reason"].endswith("within the tolerance 1")
+    off = evaluate(model_dir, test, tmp_path / "off", "--no-fp16")["inference"]["gpu"]
+    assert off == {"precision": "fp32", "reason": "--no-fp16 was given"}
 
 
 def onnx_row_by_row(graph: Path, rows: list[Row]) -> np.ndarray:

@@ -360,7 +360,8 @@ def test_execution_role_grants_what_the_steps_need_and_nothing_beyond(kms):
     config = cfg()
     repos = {
         re.match(r"^(\d+)\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com/([^:]+):", config.image(kind)).groups()
-        for kind in ("training", "processing", "inference", "evaluation", "training_cuda", "inference_gpu")
+        for kind in ("training", "processing", "inference", "evaluation", "training_cuda", "inference_gpu",
+                 "inference_neuron")
     }
     pull = [s for s in statements(document) if "ecr:BatchGetImage" in s["Action"]]
     granted = {r for s in pull for r in s["Resource"]}

@@ -15,8 +15,12 @@ says ``"truncated": true``. Bad input raises ``InferenceError``: message the JSO
 "detail": ...}``, ``status`` the HTTP status (400, 406, 413, 415; the container answers 400 with the message). No
 request can break the loaded model.
 
-On a GPU (the inference image's GPU build on an ml.g* / ml.p* instance) the model runs in fp32 on CUDA, variant
-torch-fp32-cuda, whatever CPU variant the environment names. On the CPU, variants, named by the environment the
+On a GPU (the inference image's GPU build on an ml.g* / ml.p* instance) the model runs on CUDA in the precision
+INFERENCE_GPU_PRECISION names (fp16 where the evaluation found no accuracy loss beyond its tolerance, else fp32),
+variant torch-fp16-cuda or torch-fp32-cuda, whatever CPU variant the environment names. On Inferentia2 (the Neuron
+build, with INFERENCE_NEURON_BATCH_SIZE, INFERENCE_NEURON_SEQUENCE_LENGTH and INFERENCE_NEURON_CAST set)
+optimum-neuron compiles the model with those static shapes when the first model-server worker starts (the others load
+its result), variant neuron-bf16 or neuron-fp32. On the CPU, variants, named by the environment the
 pipeline registers (the evaluation's choice): INFERENCE_RUNTIME=torch
 (default), with INFERENCE_QUANTIZE=int8 its Linear layers dynamically quantized; INFERENCE_RUNTIME=onnxruntime runs
 the evaluation's fused graph (onnx/model-{int8,fp32}.onnx) on ONNX Runtime from the image, else from the artifact's
@@ -30,7 +34,9 @@ int8), INFERENCE_THREADS.
 """
 
 import csv
+import fcntl
 import importlib
+import importlib.util
 import io
 import json
 import logging
@@ -53,6 +59,11 @@ JSON, JSONLINES, CSV, TEXT = "application/json", "application/jsonlines", "text/
 JSONLINES_TYPES = (JSONLINES, "application/x-jsonlines", "application/jsonl")
 CHARS_PER_TOKEN_CUT = 32  # texts longer than max_length * this many characters are cut between words first
 RUNTIMES, QUANTIZATIONS = ("torch", "onnxruntime"), ("none", "int8")
+PRECISIONS = ("fp32", "fp16")  # of the torch model (fp16: on a GPU, and in the evaluation's check of it)
+NEURON_CASTS = ("bf16", "fp32")
+NEURON_DEVICES = Path("/dev")  # where an Inferentia2 instance shows its Neuron devices (neuron0, ...)
+# where the first worker of an Inferentia2 instance writes the compiled model for the others
+NEURON_COMPILED = Path(os.environ.get("INFERENCE_NEURON_COMPILED_DIR", "/tmp/neuron-compiled"))
 PACKAGES_DIR = "code/packages"  # runtimes the image may lack, put there by the evaluation
 MICRO_BATCH = {"none": 8, "int8": 1}  # texts per forward pass (int8: one, see above; about 13% less throughput)
 # (input_ids, attention_mask | None, token_type_ids | None) -> logits: int64 [rows, width] in, float [rows, labels] out
@@ -184,11 +195,12 @@ class Classifier:
     quantize: str
 
     device: str = "cpu"
+    precision: str = ""  # fp16, or the Neuron model's cast (bf16, fp32); else fp32 or int8 by `quantize`
 
     @property
-    def variant(self) -> str:  # e.g. onnxruntime-int8, torch-fp32, torch-fp32-cuda
-        name = f"{self.runtime}-{'int8' if self.quantize == 'int8' else 'fp32'}"
-        return name if self.device == "cpu" else f"{name}-{self.device}"
+    def variant(self) -> str:  # e.g. onnxruntime-int8, torch-fp32, torch-fp32-cuda, neuron-bf16
+        name = f"{self.runtime}-{self.precision or ('int8' if self.quantize == 'int8' else 'fp32')}"
+        return f"{name}-{self.device}" if self.device == "cuda" else name
 
     def _encode(self, text: Text) -> Any:  # a pair is cut in its content, as the Tokenize step does
         if isinstance(text, str):
@@ -266,7 +278,8 @@ def _tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, int, int]:
     return tokenizer, limit, int(pad_id if pad_id is not None else config.get("pad_token_id") or 0)
 
 
-def _variant(model_dir: Path, runtime: str, quantize: str, threads: int, device: str) -> tuple[Forward, Any]:
+def _variant(model_dir: Path, runtime: str, quantize: str, threads: int, device: str,
+             precision: str = "fp32") -> tuple[Forward, Any]:
     if runtime == "onnxruntime":
         path = onnx_path(model_dir, quantize)
         if not path.is_file():
@@ -280,8 +293,70 @@ def _variant(model_dir: Path, runtime: str, quantize: str, threads: int, device:
     from transformers import AutoModelForSequenceClassification
     torch.set_num_threads(threads)
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
-    model = quantize_int8(model) if quantize == "int8" else model.to(torch.device(device))
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    model = quantize_int8(model) if quantize == "int8" else model.to(torch.device(device), dtype)
     return torch_forward(model, device), model
+
+
+@dataclass(frozen=True)
+class NeuronShapes:
+    """The static shapes and cast an Inferentia2 endpoint compiles the model with (the INFERENCE_NEURON_* settings)."""
+
+    batch_size: int
+    sequence_length: int
+    cast: str
+
+    @classmethod
+    def from_env(cls) -> "NeuronShapes | None":
+        """The INFERENCE_NEURON_* settings; None when the environment is not an Inferentia2 target's."""
+        if not os.environ.get("INFERENCE_NEURON_BATCH_SIZE", "").strip():
+            return None
+        return cls(_env_int("INFERENCE_NEURON_BATCH_SIZE", 1), _env_int("INFERENCE_NEURON_SEQUENCE_LENGTH", 128, 8),
+                   _env_choice("INFERENCE_NEURON_CAST", NEURON_CASTS))
+
+
+def neuron_available() -> bool:
+    """optimum-neuron (the Neuron inference image) and a Neuron device (an Inferentia2 instance)."""
+    return (importlib.util.find_spec("optimum") is not None and importlib.util.find_spec("optimum.neuron") is not None
+            and any(NEURON_DEVICES.glob("neuron[0-9]*")))
+
+
+def compile_for_neuron(model_dir: Path, shapes: NeuronShapes) -> Any:
+    """The model compiled by optimum-neuron for `shapes`, once per instance: under a file lock, the first model-server
+    worker exports it (neuronx-cc) and saves it under NEURON_COMPILED; the others load what it saved. The Hub's
+    compile cache is not consulted (an endpoint may have no internet)."""
+    from optimum.neuron import NeuronModelForSequenceClassification
+
+    compiled = NEURON_COMPILED / f"batch{shapes.batch_size}-length{shapes.sequence_length}-{shapes.cast}"
+    compiled.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{compiled}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (compiled / "config.json").is_file():
+            return NeuronModelForSequenceClassification.from_pretrained(str(compiled))
+        cast = {"auto_cast": "matmul", "auto_cast_type": "bf16"} if shapes.cast == "bf16" else {"auto_cast": None}
+        LOG.info("inference: compiling for Neuron: batch %d, sequence length %d, %s", shapes.batch_size,
+                 shapes.sequence_length, shapes.cast)
+        model = NeuronModelForSequenceClassification.from_pretrained(
+            str(model_dir), export=True, batch_size=shapes.batch_size, sequence_length=shapes.sequence_length,
+            disable_neuron_cache=True, **cast)
+        partial = compiled.with_name(f"{compiled.name}.partial")
+        model.save_pretrained(str(partial))
+        partial.rename(compiled)  # whole or absent for the next worker
+        return model
+
+
+def neuron_forward(model: Any, token_types: bool) -> Forward:
+    """The Forward of an optimum-neuron classifier, which pads each batch to its compiled shapes and back (all-ones
+    mask and, for models with token types, zero types filled in)."""
+    import torch
+
+    def forward(ids: np.ndarray, mask: np.ndarray | None, types: np.ndarray | None) -> np.ndarray:
+        given = {"input_ids": ids, "attention_mask": np.ones_like(ids) if mask is None else mask,
+                 "token_type_ids": (np.zeros_like(ids) if types is None else types) if token_types else None}
+        with torch.inference_mode():
+            return model(**{k: torch.from_numpy(v) for k, v in given.items() if v is not None}).logits.float().numpy()
+
+    return forward
 
 
 def cuda_available() -> bool:
@@ -293,25 +368,36 @@ def cuda_available() -> bool:
 
 
 def load(model_dir: str | Path, runtime: str = "torch", quantize: str = "none", threads: int | None = None,
-         max_length: int | None = None, device: str = "cpu") -> Classifier:
-    """The classifier of model_dir as the `runtime` / `quantize` variant on the CPU, or torch fp32 on `device` cuda;
+         max_length: int | None = None, device: str = "cpu", neuron: NeuronShapes | None = None,
+         precision: str = "fp32") -> Classifier:
+    """The classifier of model_dir as the `runtime` / `quantize` variant on the CPU, torch in `precision` on `device`
+    cuda (fp16 also on the CPU, where the evaluation scores it), or compiled for `neuron`'s shapes on `device` neuron;
     RuntimeUnavailable if it cannot run here."""
-    if runtime not in RUNTIMES or quantize not in QUANTIZATIONS:
-        raise ValueError(f"unknown variant {runtime}/{quantize}: expected a runtime of {RUNTIMES}, of {QUANTIZATIONS}")
+    if runtime not in RUNTIMES or quantize not in QUANTIZATIONS or precision not in PRECISIONS:
+        raise ValueError(f"unknown variant {runtime}/{quantize}/{precision}: expected a runtime of {RUNTIMES}, of "
+                         f"{QUANTIZATIONS}, of {PRECISIONS}")
+    if precision == "fp16" and (runtime, quantize) != ("torch", "none") and device == "cpu":
+        raise ValueError(f"fp16 is a precision of the torch model, not of {runtime}/{quantize}")
     model_dir = Path(model_dir)
     config = _read_json(model_dir / "config.json")
     tokenizer, limit, pad_id = _tokenizer(model_dir, config)
-    max_length = min(max_length or limit, limit)
+    max_length = min(neuron.sequence_length if device == "neuron" and neuron else max_length or limit, limit)
     tokenizer.enable_truncation(max_length)
     tokenizer.no_padding()
     pair_tokenizer = type(tokenizer).from_str(tokenizer.to_str())
     pair_tokenizer.enable_truncation(max_length, strategy="only_second")
+    max_texts = _env_int("INFERENCE_MAX_TEXTS", 256)
+    if device == "neuron" and neuron:  # the compiled shapes: micro-batches of its batch size
+        model = compile_for_neuron(model_dir, neuron)
+        return Classifier(tokenizer, pair_tokenizer, neuron_forward(model, "type_vocab_size" in config), model,
+                          _labels(config), max_length, max_texts, neuron.batch_size, pad_id, "neuron", "none", device,
+                          neuron.cast)
     if device != "cpu":  # a GPU: torch fp32 on it, whatever CPU variant the evaluation chose
         runtime, quantize = "torch", "none"
-    forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads(), device)
-    return Classifier(tokenizer, pair_tokenizer, forward, model, _labels(config), max_length,
-                      _env_int("INFERENCE_MAX_TEXTS", 256), _env_int("INFERENCE_MICRO_BATCH", MICRO_BATCH[quantize]),
-                      pad_id, runtime, quantize, device)
+    forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads(), device, precision)
+    return Classifier(tokenizer, pair_tokenizer, forward, model, _labels(config), max_length, max_texts,
+                      _env_int("INFERENCE_MICRO_BATCH", MICRO_BATCH[quantize]), pad_id, runtime, quantize, device,
+                      "fp16" if precision == "fp16" else "")
 
 
 def model_fn(model_dir: str) -> Classifier:
@@ -319,12 +405,19 @@ def model_fn(model_dir: str) -> Classifier:
     runtime = _env_choice("INFERENCE_RUNTIME", RUNTIMES)
     quantize = _env_choice("INFERENCE_QUANTIZE", QUANTIZATIONS)
     max_length = _env_int("INFERENCE_MAX_LENGTH", 0, minimum=8) or None
-    device = "cuda" if cuda_available() else "cpu"  # the GPU build of the image on a GPU instance
-    if device == "cuda" and (runtime, quantize) != ("torch", "none"):
+    neuron = NeuronShapes.from_env()
+    # the Neuron build of the image on Inferentia2, the GPU build on a GPU instance
+    device = "neuron" if neuron and neuron_available() else "cuda" if cuda_available() else "cpu"
+    if neuron and device != "neuron":
+        LOG.info("inference: an Inferentia2 target's environment without optimum-neuron and a Neuron device here "
+                 "(run --local, or another instance type): serving on the %s", device.upper())
+    if device != "cpu" and (runtime, quantize) != ("torch", "none"):
         LOG.info("inference: INFERENCE_RUNTIME=%s INFERENCE_QUANTIZE=%s is the evaluation's CPU variant: serving "
-                 "torch fp32 on the GPU", runtime, quantize)
+                 "the %s's", runtime, quantize, device)
+    precision = _env_choice("INFERENCE_GPU_PRECISION", PRECISIONS) if device == "cuda" else "fp32"
     try:
-        classifier = load(model_dir, runtime, quantize, max_length=max_length, device=device)
+        classifier = load(model_dir, runtime, quantize, max_length=max_length, device=device, neuron=neuron,
+                          precision=precision)
     except RuntimeUnavailable as e:
         LOG.warning("inference: INFERENCE_RUNTIME=%s INFERENCE_QUANTIZE=%s cannot run here (%s): serving torch fp32",
                     runtime, quantize, e)

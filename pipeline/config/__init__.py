@@ -63,6 +63,8 @@ class Images(Section):
     inference: str = Field(min_length=1)  # the endpoints' on CPU instances (deploy.instance_type ml.c*, m*, r*, t*)
     # the endpoints' on GPU instances (ml.g*, ml.p*): the same release's GPU build
     inference_gpu: str = Field(min_length=1)
+    # the endpoints' on Inferentia2 (ml.inf2.*): the Hugging Face inference DLC's Neuron build (optimum-neuron)
+    inference_neuron: str = Field(min_length=1)
     evaluation: str | None = Field(default=None, min_length=1)  # Evaluate's; default: the inference image
     wheels: str | None = Field(default=None, pattern=S3_URI)  # wheels of steps/requirements.txt, for no internet
     # GPU training image for `compare` on p*/g* instances (same train.py; carries transformers and pyarrow)
@@ -76,6 +78,13 @@ class Images(Section):
     def _cuda_image(cls, v: str, info: Any) -> str:
         if "gpu" not in v or "neuron" in v:
             raise ValueError(f"images.{info.field_name}={v!r}: expected a GPU image (a tag with 'gpu')")
+        return v
+
+    @field_validator("inference_neuron")
+    @classmethod
+    def _neuron_image(cls, v: str) -> str:
+        if "neuronx" not in v:
+            raise ValueError(f"images.inference_neuron={v!r}: expected a Neuron image (a tag with 'neuronx')")
         return v
 
 
@@ -165,6 +174,8 @@ class Evaluation(ProcessingResources):
     min_agreement: float = Field(default=0.99, ge=0, le=1)
     int8: bool = True
     int8_tolerance: float = Field(default=0.005, ge=0, le=1)
+    fp16: bool = True  # score the model in fp16: a GPU endpoint serves it if within fp16_tolerance
+    fp16_tolerance: float = Field(default=0.005, ge=0, le=1)
 
     @model_validator(mode="after")
     def _baseline(self) -> Evaluation:
@@ -377,15 +388,19 @@ class Config(Section):
         return f"arn:{aws.partition}:lambda:{aws.region}:{aws.account}:function:{self.deploy.lambda_function_name}"
 
     def image(self, kind: Literal["training", "processing", "inference", "evaluation", "training_cuda",
-                                  "inference_gpu"]) -> str:
+                                  "inference_gpu", "inference_neuron"]) -> str:
         uri = getattr(self.images, kind)
         uri = self.images.inference if uri is None and kind == "evaluation" else uri
         return uri.replace("{region}", self.aws.region)
 
     @property
     def serving_image(self) -> str:
-        """The endpoints' image: the inference image of deploy's serving target (CPU or GPU)."""
-        return self.image("inference_gpu" if self.deploy.target == "gpu" else "inference")
+        """The endpoints' image: the inference image of deploy's serving target."""
+        return self.serving_image_of(self.deploy.target)
+
+    def serving_image_of(self, target: str) -> str:
+        """The inference image of serving target `target` (cpu, gpu or neuron)."""
+        return self.image({"cpu": "inference", "gpu": "inference_gpu", "neuron": "inference_neuron"}[target])
 
 
 # what pydantic adds to an error's loc: a union member's name (bool, literal['auto'], function-after[...]), [key]

@@ -3,6 +3,8 @@ endpoint test, promotion, autoscaling) and `alerts`."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from pipeline.config.base import (
@@ -16,7 +18,7 @@ from pipeline.config.base import (
 )
 from steps.deploy.lifecycle import Policy
 from steps.deploy.sagemaker_account import TARGET_INVOCATIONS
-from steps.deploy.targets import serving_target
+from steps.deploy.targets import P95_MS, serving_target
 
 POLICY = Policy()  # the lifecycle's defaults (the deploy Lambda falls back to them too): their one home
 TOPIC_ARN = pattern(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w.-]+$",
@@ -37,7 +39,7 @@ class EndpointTest(Section):
 
     rows: int = Field(default=POLICY.test_rows, ge=1, le=4000)
     max_accuracy_drop: float = Field(default=POLICY.max_accuracy_drop, ge=0, le=1)  # below the evaluation's accuracy
-    p95_ms: float = Field(default=POLICY.p95_ms, gt=0)  # latency budget of one request
+    p95_ms: float | None = Field(default=None, gt=0)  # latency budget of one request; default: its target's
     p50_factor: float = Field(default=POLICY.p50_factor, gt=0)  # the p50 <= this times Evaluate's one-row time ...
     p50_overhead_ms: float = Field(default=POLICY.p50_overhead_ms, ge=0)  # ... plus this (HTTP, JSON, tokenizing)
 
@@ -66,6 +68,15 @@ class Autoscaling(Section):
         return self
 
 
+class Neuron(Section):
+    """Inferentia2 endpoints (deploy.instance_type ml.inf2.*): the handler compiles the model for Neuron with these
+    static shapes when an instance starts (docs/serving-targets.md)."""
+
+    batch_size: int = Field(default=1, ge=1, le=64)  # texts per compiled forward pass: a request runs in such batches
+    sequence_length: int | None = Field(default=None, ge=8, le=512)  # tokens per text; default: training.max_length
+    cast: Literal["bf16", "fp32"] = "bf16"  # bf16: matrix multiplications in bf16 (Neuron's benchmarks); fp32: none
+
+
 class Deploy(Section):
     endpoint_name: str = Field(pattern=ENDPOINT_NAME, max_length=ENDPOINT_NAME_LENGTH)  # the production endpoint
     instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
@@ -82,6 +93,7 @@ class Deploy(Section):
     auto_promote: bool = POLICY.auto_promote
     challenge: Challenge = Challenge()
     autoscaling: Autoscaling = Autoscaling()
+    neuron: Neuron = Neuron()
 
     @property
     def staging_instance_type(self) -> str:
@@ -89,8 +101,13 @@ class Deploy(Section):
 
     @property
     def target(self) -> str:
-        """The serving stack of the endpoints: "cpu" or "gpu" (staging and production have the same)."""
+        """The serving stack of the endpoints: "cpu", "gpu" or "neuron" (staging and production have the same)."""
         return serving_target(self.instance_type)
+
+    @property
+    def p95_budget_ms(self) -> float:
+        """The endpoint test's p95 budget: deploy.test.p95_ms, else the target's (steps/deploy/targets.py)."""
+        return self.test.p95_ms or P95_MS[self.target]
 
     @property
     def staging_endpoint_name(self) -> str:

@@ -16,7 +16,7 @@ def policy(cfg: Config) -> Policy:
     evaluation.gate_metric)."""
     test, versus = cfg.deploy.test, cfg.deploy.challenge
     return Policy(auto_promote=cfg.deploy.auto_promote, test_rows=test.rows, max_accuracy_drop=test.max_accuracy_drop,
-                  p95_ms=test.p95_ms, p50_factor=test.p50_factor, p50_overhead_ms=test.p50_overhead_ms,
+                  p95_ms=cfg.deploy.p95_budget_ms, p50_factor=test.p50_factor, p50_overhead_ms=test.p50_overhead_ms,
                   challenge_metric=cfg.evaluation.gate_metric, challenge_rows=versus.rows,
                   challenge_tolerance=versus.tolerance)
 

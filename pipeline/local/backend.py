@@ -29,6 +29,7 @@ from pipeline.records import Approval, Changes, StageView, Upserted, VersionView
 from pipeline.tracking.plot import PLOT_FILE, write_summary_plot
 from pipeline.tracking.store import local_uri
 from steps import contract
+from steps.deploy.targets import TARGET_NAMES
 
 if TYPE_CHECKING:
     from pipeline.records import ExecutionView, OnUpdate, RunSummary
@@ -72,7 +73,7 @@ class LocalBackend:
         if deploy.target == "cpu":
             return ""
         return (f"; its endpoints serve on this machine's CPU, while on AWS deploy.instance_type="
-                f"{deploy.instance_type} serves on the {deploy.target.upper()} with {self.cfg.serving_image}")
+                f"{deploy.instance_type} serves on {TARGET_NAMES[deploy.target]} with {self.cfg.serving_image}")
 
     def upsert(self) -> Upserted:
         """What `upsert` does on AWS: check the job steps as requests, put the step code at its content-hashed keys

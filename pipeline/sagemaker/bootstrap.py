@@ -37,6 +37,7 @@ IMAGE_PARAMETERS = {
     "evaluation": "EvaluationImageRepository",
     "training_cuda": "CudaTrainingImageRepository",
     "inference_gpu": "GpuInferenceImageRepository",
+    "inference_neuron": "NeuronInferenceImageRepository",
 }
 IMAGE_URI = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/([^:@]+)[:@].+$")
 

@@ -100,12 +100,15 @@ def error_line(error: Exception) -> str:
 
 def expectation(environment: dict[str, str], report: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
     """What the endpoint of a version must show: the variant its environment names (None without
-    INFERENCE_RUNTIME) and the Evaluate step's one-row p50 of it (None when not measured). On a GPU (`device`
-    cuda) the handler serves torch fp32 on CUDA whatever CPU variant the evaluation chose, and Evaluate's CPU time
-    says nothing of its latency: the variant torch-fp32-cuda, no p50 reference (the p95 budget still holds)."""
+    INFERENCE_RUNTIME) and the Evaluate step's one-row p50 of it (None when not measured). On an accelerator
+    Evaluate's CPU time says nothing of its latency: no p50 reference (the target's p95 budget still holds), and the
+    variant is the device's: on a GPU (`device` cuda) torch-<INFERENCE_GPU_PRECISION>-cuda, whatever CPU variant the
+    evaluation chose; on Inferentia2 (`device` neuron) neuron-<INFERENCE_NEURON_CAST>."""
     runtime = environment.get("INFERENCE_RUNTIME")
+    if device == "neuron":
+        return {"variant": f"neuron-{environment.get('INFERENCE_NEURON_CAST') or 'bf16'}", "p50_ms": None}
     if device != "cpu":
-        return {"variant": f"torch-fp32-{device}", "p50_ms": None}
+        return {"variant": f"torch-{environment.get('INFERENCE_GPU_PRECISION') or 'fp32'}-{device}", "p50_ms": None}
     if not runtime:
         return {"variant": None, "p50_ms": None}
     variant = f"{runtime}-{'int8' if environment.get('INFERENCE_QUANTIZE') == 'int8' else 'fp32'}"

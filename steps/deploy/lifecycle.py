@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from steps.contract import APPROVED
 from steps.deploy import challenge, endpoint_check
+from steps.deploy.targets import P95_MS
 
 STAGING, PRODUCTION = "staging", "production"
 STAGES = (STAGING, PRODUCTION)
@@ -111,7 +112,7 @@ class Policy:
     auto_promote: bool = False
     test_rows: int = 200
     max_accuracy_drop: float = 0.02
-    p95_ms: float = 500.0
+    p95_ms: float = P95_MS["cpu"]  # the config sets its target's (steps/deploy/targets.py)
     p50_factor: float = 5.0
     p50_overhead_ms: float = 20.0
     challenge_metric: str = "accuracy"  # the gate's metric (evaluation.gate_metric): accuracy or macro_f1

@@ -15,6 +15,7 @@ from typing import Any
 
 from steps.contract import APPROVED
 from steps.deploy import lifecycle
+from steps.deploy.targets import STARTUP_HEALTH_CHECK_S, serving_target
 
 MAX_NAME = 63
 DEFAULT_INSTANCE_TYPE = "ml.c5.xlarge"
@@ -118,6 +119,15 @@ def deployment_config(alarm: str) -> dict:
     }
 
 
+def startup_health_check_s(instance_type: str) -> int | None:
+    """The time an instance of `instance_type` may take to pass its first health check: long on Inferentia2, where the
+    handler compiles the model when it starts (targets.STARTUP_HEALTH_CHECK_S); None: SageMaker's default."""
+    try:
+        return STARTUP_HEALTH_CHECK_S[serving_target(instance_type)]
+    except ValueError:  # a family the config refuses, deployed by hand: SageMaker answers for it
+        return None
+
+
 def deploy(
     sagemaker_client: Any,
     model_package_arn: str,
@@ -202,6 +212,8 @@ def deploy(
                 }
             ],
         }
+        if startup := startup_health_check_s(instance_type):
+            request["ProductionVariants"][0]["ContainerStartupHealthCheckTimeoutInSeconds"] = startup
         if data_capture_s3_uri:
             request["DataCaptureConfig"] = data_capture_config(data_capture_s3_uri)
         _create(sm.create_endpoint_config, **request)

@@ -309,6 +309,28 @@ def score_variants(args: argparse.Namespace, handler: Any, root: Path, rows: pa.
     return scored, onnx or None, notes
 
 
+def score_gpu(args: argparse.Namespace, handler: Any, root: Path, rows: pa.Table, labels: np.ndarray,
+              fp32_correct: np.ndarray, pad_id: int) -> dict[str, Any]:
+    """The "inference.gpu" section: the precision a GPU endpoint serves. fp16 when the model in fp16, scored here on
+    the CPU on the sample (weights and activations rounded to fp16 as on a GPU), loses at most --fp16-tolerance
+    accuracy (95% upper bound), else fp32. A GPU staging endpoint's test checks the served model on the same rows."""
+    if not args.fp16:
+        return {"precision": "fp32", "reason": "--no-fp16 was given"}
+    if handler is None or not hasattr(handler, "PRECISIONS"):
+        return {"precision": "fp32", "reason": "the artifact's code/inference.py serves no fp16"}
+    try:
+        classifier = handler.load(root, "torch", "none", precision="fp16")
+        correct = predict(classifier.forward, rows, classifier.micro_batch, pad_id).argmax(axis=1) == labels
+    except Exception as e:  # an operator without a CPU fp16 kernel in this torch
+        return {"precision": "fp32", "reason": f"fp16 not scored: {type(e).__name__}: {str(e)[:300]}"}
+    loss, low, high = quality.paired_difference(fp32_correct, correct)
+    within = high <= args.fp16_tolerance
+    return {"precision": "fp16" if within else "fp32", "accuracy": float(correct.mean()), "accuracy_loss": loss,
+            "accuracy_loss_ci95": [low, high], "tolerance": args.fp16_tolerance,
+            "reason": f"fp16 loses {loss:.4f} accuracy on the sample (95% interval up to {high:.4f}), "
+                      f"{'within' if within else 'beyond'} the tolerance {args.fp16_tolerance:g}"}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole step; returns the evaluation (also written to OUTPUT/evaluation.json)."""
     t0 = time.perf_counter()
@@ -352,9 +374,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         checked = check(fp32, logits[sample], args.min_agreement, args.seed)
         fp32_correct = fp32.argmax(axis=1) == labels[sample]
         scored, onnx, notes = [], None, ["not tried: the CPU check failed"]
+        gpu = {"precision": "fp32", "reason": "fp16 not tried: the CPU check failed"}
         if checked["passed"]:
             scored, onnx, notes = score_variants(args, handler, folder, rows, labels[sample], fp32_correct, pad_id)
-        inference = choose(scored, fp32_correct, args.int8_tolerance, notes)
+            gpu = score_gpu(args, handler, folder, rows, labels[sample], fp32_correct, pad_id)
+        inference = {**choose(scored, fp32_correct, args.int8_tolerance, notes), "gpu": gpu}
         if checked["passed"]:
             serving.write_artifact(folder, where if where.is_file() else None, inference, onnx,
                                    Path(args.serving_dir) / MODEL_ARCHIVE)
@@ -381,7 +405,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         + (f"baseline {compared['metric']} {compared[compared['metric']]:.4f} ({compared['train_rows']} train rows, "
            f"{compared['seconds']:.1f} s); " if compared else "")
         + f"cpu check on {len(sample)} rows: agreement {checked['agreement']:.4f}; "
-        f"endpoint variant {inference['variant']} ({inference['reason']})",
+        f"endpoint variant {inference['variant']} ({inference['reason']}); on a GPU "
+        f"{inference['gpu']['precision']} ({inference['gpu']['reason']})",
         flush=True,
     )
     if not checked["passed"]:
@@ -416,14 +441,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="consider the int8 variants for the endpoint")
     given.add_argument("--int8-tolerance", type=float, required=True,
                        help="largest accuracy loss (a fraction: 0.005 = 0.5 points) of a variant the endpoint serves")
+    given.add_argument("--fp16", action=argparse.BooleanOptionalAction, required=True,
+                       help="score the model in fp16, which a GPU endpoint serves if close")
+    given.add_argument("--fp16-tolerance", type=float, required=True,
+                       help="largest accuracy loss of fp16 that a GPU endpoint serves (else fp32)")
     p.add_argument("--tracking-dir", help="the folder of tracking.json (where the MLflow server is; none: untracked)")
     p.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
                    help="consider the ONNX Runtime variants for the endpoint (default on)")
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.sample_size < 1 or args.baseline_rows < 0:
         p.error("--batch-size and --sample-size must be at least 1, --baseline-rows at least 0")
-    if not 0 <= args.int8_tolerance <= 1 or not 0 <= args.min_agreement <= 1:
-        p.error("--int8-tolerance and --min-agreement must be between 0 and 1")
+    if not all(0 <= value <= 1 for value in (args.int8_tolerance, args.fp16_tolerance, args.min_agreement)):
+        p.error("--int8-tolerance, --fp16-tolerance and --min-agreement must be between 0 and 1")
     return args
 
 

@@ -26,7 +26,8 @@ def log(result: dict[str, Any], args: argparse.Namespace, report: Path) -> None:
                  "serving_accuracy_loss": inference.get("accuracy_loss")},
         params={"serving_variant": inference["variant"], "serving_runtime": inference["runtime"],
                 "serving_quantize": inference["quantize"], "int8_considered": args.int8,
-                "int8_tolerance": args.int8_tolerance, "eval_sample_size": args.sample_size},
+                "int8_tolerance": args.int8_tolerance, "eval_sample_size": args.sample_size,
+                "gpu_precision": inference["gpu"]["precision"], "fp16_tolerance": args.fp16_tolerance},
         tags={"serving.variant": inference["variant"], "serving.int8": str(inference["quantize"] == "int8").lower(),
               "serving.reason": inference["reason"][:5000]},
     )
