@@ -38,6 +38,13 @@ DEFAULT_PRICES: dict[str, float] = {
     "ml.c5.xlarge": 0.204,
 }
 
+# SageMaker Serverless Inference: USD per second of a request's duration per 1024 MB of the endpoint's memory (billed
+# by the millisecond), and per GB of data in and out. From AWS's own sample (its ml.c5.xlarge price is the one
+# above): aws-samples/sagemaker-serverless-inference-benchmarking@cb0028576fe60e4704526a46368cbd53851eebc7:
+# src/sm_serverless_benchmarking/cost_constants.py (2022-09); check PRICING_URL.
+SERVERLESS_PER_GB_SECOND = 0.00002
+SERVERLESS_PER_GB_DATA = 0.016
+
 
 @dataclass
 class JobCost:

@@ -3,7 +3,8 @@ second per instance x 3600 x utilisation) x 1e6.
 
 Every throughput figure says where it comes from: the CPU one was measured on this project's 2-core development
 machine (not on an ml.c5.xlarge), the GPU and Inferentia2 ones are their vendors' published BERT-base figures
-(sequence length 128, batch 1, one request a time). A price the config does not know is shown as unknown, as in
+(sequence length 128, batch 1, one request a time). Serverless Inference bills a request's duration times its memory
+instead of hours. A price the config does not know is shown as unknown, as in
 `cost`. Hand-written: no library or AWS API gives a model's throughput per instance type.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from pipeline.prices import SERVERLESS_PER_GB_DATA, SERVERLESS_PER_GB_SECOND
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,28 @@ def cost_per_million(price_per_hour: float | None, requests_per_second: float, u
     return price_per_hour / (requests_per_second * 3600 * utilisation) * 1e6
 
 
-def serving_costs(price: Callable[[str], float | None], utilisation: float) -> list[dict]:
+REQUEST_BYTES = 2048  # a review in and its answer out, as Serverless Inference bills data processing
+
+
+def serverless_row(memory_mb: int) -> dict:
+    """Serverless Inference with `memory_mb`: billed only while a request runs, so at full utilisation; a request
+    lasts the CPU figure's one-review time (an assumption: AWS does not say how many vCPUs a memory size gets)."""
+    seconds = CPU_P50_MS / 1000
+    hourly = SERVERLESS_PER_GB_SECOND * memory_mb / 1024 * 3600  # an hour of requests back to back
+    data = REQUEST_BYTES / 1024**3 * SERVERLESS_PER_GB_DATA * 1e6
+    return {"target": "serverless", "instance_type": f"serverless {memory_mb} MB", "requests_per_second":
+            round(1 / seconds, 2), "price_per_hour": round(hourly, 4), "utilisation": 1.0,
+            "cost_per_million": cost_per_million(hourly, 1 / seconds, 1.0) + data,
+            "source": f"the CPU figure's {CPU_P50_MS} ms per review (measured on this project's 2-core development "
+                      f"machine) billed at {SERVERLESS_PER_GB_SECOND} USD per GB-second, plus {REQUEST_BYTES} bytes "
+                      f"of data per request at {SERVERLESS_PER_GB_DATA} USD per GB (pipeline/prices.py: AWS's "
+                      "serverless benchmarking sample, 2022); idle time costs nothing, a request after idle waits "
+                      "for a cold start (seconds, by AWS)"}
+
+
+def serving_costs(price: Callable[[str], float | None], utilisation: float, serverless_mb: int = 2048) -> list[dict]:
     """One row per target: its figure, its source, the instance's price (`price`: the config's prices) and the cost
-    per million requests."""
+    per million requests; then Serverless Inference with `serverless_mb` of memory."""
     if not 0 < utilisation <= 1:
         raise ValueError(f"--utilisation {utilisation}: expected a share of the throughput in (0, 1]")
     rows = []
@@ -63,4 +85,4 @@ def serving_costs(price: Callable[[str], float | None], utilisation: float) -> l
                      "utilisation": utilisation,
                      "cost_per_million": cost_per_million(hourly, figure.requests_per_second, utilisation),
                      "source": figure.source})
-    return rows
+    return [*rows, serverless_row(serverless_mb)]

@@ -325,7 +325,8 @@ def print_serving_costs(rows: list[dict], console: Console) -> None:
                       "unknown (set prices.on_demand)" if cost is None else f"{cost:.3f}"])
     columns = ["target", "instance type", "requests/s", "USD/hour", "USD per 1M requests"]
     console.print(FittedTable("Serving targets, BERT-base", columns, cells, right=tuple(columns[2:])))
-    console.print(f"at {rows[0]['utilisation']:.0%} of each instance's throughput, one BERT-base request a time")
+    console.print(f"at {rows[0]['utilisation']:.0%} of each instance's throughput (serverless: billed per request), "
+                  "one BERT-base request a time")
     for row in rows:
         console.print(f"{row['target']}: {row['source']}", style="dim")
 

@@ -137,6 +137,43 @@ def test_an_inferentia2_endpoint_gives_its_instances_time_to_compile_at_start(sm
     assert variant.get("ContainerStartupHealthCheckTimeoutInSeconds") == startup
 
 
+SERVERLESS = {"MemorySizeInMB": 2048, "MaxConcurrency": 5}
+
+
+def test_a_serverless_endpoint_has_a_serverless_config_and_no_instances_and_updates_without_scaling(sm):
+    """deploy.serverless: the variant carries ServerlessConfig alone (the API's ProductionVariant); a new version
+    updates it, and no autoscaling is touched (SageMaker scales serverless endpoints)."""
+    from botocore.validate import validate_parameters
+
+    class NoScaling:
+        def __getattr__(self, name):
+            raise AssertionError(f"application-autoscaling {name} called for a serverless endpoint")
+
+    first = deploy_step.deploy(sm, register(sm, "Approved"), ENDPOINT, autoscaling=NoScaling(), serverless=SERVERLESS)
+    (variant,) = sm.describe_endpoint_config(EndpointConfigName=first["endpoint_config_name"])["ProductionVariants"]
+    assert variant["ServerlessConfig"] == SERVERLESS and "InstanceType" not in variant
+    validate_parameters({"EndpointConfigName": "c", "ProductionVariants": [
+        {k: variant[k] for k in ("VariantName", "ModelName", "ServerlessConfig")}]},
+        sm.meta.service_model.operation_model("CreateEndpointConfig").input_shape)
+    bigger = deploy_step.deploy(sm, register(sm, "Approved"), ENDPOINT, autoscaling=NoScaling(),
+                                serverless={**SERVERLESS, "MemorySizeInMB": 4096})
+    (update,) = sm.updates
+    assert bigger["action"] == "updated" and "RetainAllVariantProperties" not in update
+
+
+def test_an_instance_based_endpoint_is_not_turned_serverless_and_serverless_does_not_capture(sm):
+    """SageMaker answers UpdateEndpoint from instances to serverless with a ValidationException: refused before any
+    call, saying what to do; data capture is not supported on serverless endpoints."""
+    arn = register(sm, "Approved")
+    deploy_step.deploy(sm, arn, ENDPOINT, "ml.c5.xlarge", 1)
+    with pytest.raises(deploy_step.DeployError, match=r"serves on instances, and SageMaker cannot update an "
+                                                      r"instance-based endpoint to serverless: delete it"):
+        deploy_step.deploy(sm, register(sm, "Approved"), ENDPOINT, serverless=SERVERLESS)
+    with pytest.raises(deploy_step.DeployError, match="a serverless endpoint cannot capture data"):
+        deploy_step.deploy(sm, arn, "other", serverless=SERVERLESS, data_capture_s3_uri="s3://b/capture")
+    assert counts(sm) == (1, 1, 1) and sm.updates == []
+
+
 def test_redeploying_the_same_version_changes_nothing(sm):
     arn = register(sm, "Approved")
     first = deploy_step.deploy(sm, arn, ENDPOINT)
@@ -404,6 +441,7 @@ def test_a_package_that_does_not_exist_is_a_deploy_error(sm, code, message):
     ["deploy.auto_promote=true", "deploy.test.rows=37", "deploy.test.max_accuracy_drop=0.125",
      "deploy.test.p95_ms=750.5", "deploy.data_capture_s3_uri=s3://bucket/capture", "deploy.guardrails_alarm=alarm",
      "alerts.topic_arn=arn:aws:sns:us-east-1:123456789012:alerts", "deploy.autoscaling.target_invocations=12.5"],
+    ["deploy.serverless={memory_mb: 3072, max_concurrency: 20, provisioned_concurrency: 2}"],
 ])
 def test_the_lambda_reads_back_from_its_environment_the_settings_the_cli_hands_over_directly(sets):
     """The CLI passes the config's settings to the lifecycle as they are; the Lambda gets them through its

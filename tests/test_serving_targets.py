@@ -65,7 +65,8 @@ def test_staging_follows_production_and_may_differ_only_in_size():
 
 @pytest.mark.parametrize(("sets", "budget"), [((), 500.0), (("deploy.instance_type=ml.g5.xlarge",), 100.0),
                                               (("deploy.instance_type=ml.inf2.xlarge",), 100.0),
-                                              (("deploy.instance_type=ml.inf2.xlarge", "deploy.test.p95_ms=40"), 40.0)])
+                                              (("deploy.instance_type=ml.inf2.xlarge", "deploy.test.p95_ms=40"), 40.0),
+                                              (("deploy.serverless={memory_mb: 1024}",), 1000.0)])
 def test_the_endpoint_tests_p95_budget_is_its_targets_unless_set(sets, budget):
     """Evaluate's CPU time says nothing about an accelerator: the p95 budget defaults per target
     (steps/deploy/targets.py), and that is what the deploy Lambda gets."""
@@ -128,6 +129,38 @@ def test_the_version_carries_one_inference_specification_per_target(instance_typ
     validate_parameters(concrete({"ModelPackageGroupName": "g", **{k: arguments[k] for k in (
         "InferenceSpecification", "AdditionalInferenceSpecifications")}}),
         model.operation_model("CreateModelPackage").input_shape)
+
+
+@pytest.mark.parametrize(("sets", "error"), [
+    (("deploy.serverless={memory_mb: 1500}",), "deploy.serverless.memory_mb=1500: expected one of 1024, 2048, 3072, "
+                                                "4096, 5120, 6144"),
+    (("deploy.serverless={max_concurrency: 2, provisioned_concurrency: 3}",),
+     r"deploy.serverless.provisioned_concurrency=3: expected at most deploy.serverless.max_concurrency \(2\)"),
+    (("deploy.serverless={max_concurrency: 201}",), "deploy.serverless.max_concurrency"),
+    (("deploy.serverless={}", "deploy.instance_type=ml.inf2.xlarge"),
+     "deploy.serverless: Serverless Inference runs the CPU image, while deploy.instance_type=ml.inf2.xlarge is a "
+     "neuron instance"),
+    (("deploy.serverless={}", "deploy.data_capture_s3_uri=s3://bucket/capture"),
+     "Serverless Inference does not capture data"),
+])
+def test_a_serverless_config_that_serverless_inference_cannot_run_is_refused_at_load(sets, error):
+    with pytest.raises(ConfigError, match=error):
+        config(*sets)
+
+
+def test_serverless_settings_reach_the_deploy_lambda_as_the_api_takes_them():
+    from pipeline.config.deploy_settings import settings
+    from steps.deploy.sagemaker_account import Settings
+
+    cfg = config("deploy.serverless={memory_mb: 4096, max_concurrency: 10, provisioned_concurrency: 1}")
+    environment = settings(cfg).to_env()
+    assert json.loads(environment["SERVERLESS_CONFIG"]) == {"MemorySizeInMB": 4096, "MaxConcurrency": 10,
+                                                            "ProvisionedConcurrency": 1}
+    assert Settings.from_env(environment).serverless == settings(cfg).serverless
+    assert "SERVERLESS_CONFIG" not in settings(config()).to_env()
+    from steps.deploy.sagemaker_endpoints import DeployError
+    with pytest.raises(DeployError, match="SERVERLESS_CONFIG='{\"MemorySizeInMB\": 1000}': expected JSON like"):
+        Settings.from_env({**environment, "SERVERLESS_CONFIG": '{"MemorySizeInMB": 1000}'})
 
 
 def test_the_neuron_shapes_come_from_the_config():
@@ -205,6 +238,9 @@ def test_run_local_says_that_the_aws_target_differs(tmp_path):
         "its endpoints serve on this machine's CPU, while on AWS deploy.instance_type=ml.g5.xlarge serves on GPU "
         "with 763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-inference:2.6.0-transformers4.51.3-gpu-"
         "py312-cu124-ubuntu22.04")
+    assert note("deploy.serverless={memory_mb: 3072}").endswith(
+        "its endpoints serve on this machine's CPU, while on AWS they are serverless (3072 MB, up to 5 requests at "
+        "once)")
     assert note("deploy.instance_type=ml.inf2.xlarge").endswith(
         "on AWS deploy.instance_type=ml.inf2.xlarge serves on Inferentia2 with 763104351884.dkr.ecr.us-east-1."
         "amazonaws.com/huggingface-pytorch-inference-neuronx:2.8.0-transformers4.55.4-neuronx-py310-sdk2.26.0-"
@@ -225,19 +261,25 @@ def test_cost_serving_prices_a_million_requests_per_target_with_each_figures_sou
     assert "not on an ml.c5.xlarge" in rows["cpu"]["source"]  # measured here, and said so
     assert rows["gpu"]["source"].startswith("published") and rows["neuron"]["source"].startswith("published")
     assert rows["neuron"]["instance_type"] == "ml.inf2.xlarge" and rows["neuron"]["cost_per_million"] is None
+    serverless = rows["serverless"]  # 16.2 ms per request at 2 GB x 0.00002 USD per GB-second, and 2 KB of data
+    assert serverless["cost_per_million"] == pytest.approx(0.0162 * 2 * 0.00002 * 1e6 + 2048 / 1024**3 * 0.016 * 1e6)
+    assert serverless["utilisation"] == 1.0 and "cold start" in serverless["source"]
     with pytest.raises(ValueError, match="--utilisation 0: expected a share"):
         serving_costs({}.get, 0)
-    done = CliRunner().invoke(app, ["cost", "--serving", "--json", "--utilisation", "0.25"])
+    done = CliRunner().invoke(app, ["--set", "deploy.serverless={memory_mb: 4096}", "cost", "--serving", "--json",
+                                    "--utilisation", "0.25"])
     assert done.exit_code == 0, done.output
     shown = {r["target"]: r for r in json.loads(done.output)}
     assert shown["gpu"]["price_per_hour"] == 0.736 and shown["gpu"]["utilisation"] == 0.25
     assert shown["gpu"]["cost_per_million"] == pytest.approx(0.736 / (91.93 * 3600 * 0.25) * 1e6)
+    assert shown["serverless"]["instance_type"] == "serverless 4096 MB"  # the configured memory
 
 
 @pytest.mark.parametrize(("staging", "expected"), [
     ("ml.c5.xlarge", {"variant": "onnxruntime-int8", "p50_ms": 4.2}),
     ("ml.g5.xlarge", {"variant": "torch-fp32-cuda", "p50_ms": None}),
     ("ml.inf2.xlarge", {"variant": "neuron-bf16", "p50_ms": None}),
+    ("serverless", {"variant": "onnxruntime-int8", "p50_ms": None}),
 ])
 def test_the_deploy_lambda_expects_the_variant_of_its_staging_instances_target(staging, expected, monkeypatch):
     """The Lambda reads a version's environment and evaluation from the registry (moto) and expects, on a GPU
@@ -264,7 +306,10 @@ def test_the_deploy_lambda_expects_the_variant_of_its_staging_instances_target(s
                 "SupportedContentTypes": ["application/json"], "SupportedResponseMIMETypes": ["application/json"]},
             ModelMetrics={"ModelQuality": {"Statistics": {"ContentType": "application/json",
                                                           "S3Uri": "s3://bucket/e/evaluation.json"}}})["ModelPackageArn"]
+        serverless = staging == "serverless"  # the CPU image without instances: Evaluate's p50 is no reference
+        staging = "ml.c5.xlarge" if serverless else staging
         settings = Settings.from_env({"MODEL_PACKAGE_GROUP": "g", "ENDPOINT_NAME": "e", "INSTANCE_TYPE": staging,
-                                      "STAGING_INSTANCE_TYPE": staging})
+                                      "STAGING_INSTANCE_TYPE": staging, **({"SERVERLESS_CONFIG": json.dumps(
+                                          {"MemorySizeInMB": 2048, "MaxConcurrency": 5})} if serverless else {})})
         account = SageMakerAccount(settings, sm, s3=s3)
         assert account.expected(lifecycle.Version(1, "Approved", arn=arn)) == expected

@@ -179,8 +179,8 @@ def cost(
     local: LOCAL = False,
     root: ROOT = None,
     as_json: JSON = False,
-    serving: Annotated[bool, typer.Option("--serving", help="Instead: what a million requests cost on each "
-                                                            "serving target (CPU, GPU, Inferentia2).")] = False,
+    serving: Annotated[bool, typer.Option("--serving", help="Instead: what a million requests cost on each serving "
+                                                            "target (CPU, GPU, Inferentia2, serverless).")] = False,
     utilisation: Annotated[float, typer.Option(help="--serving: the share of an instance's throughput used.")] = 0.5,
 ) -> None:
     """What each job of an execution cost (instances x billable seconds x on-demand price), the total, and the
@@ -189,7 +189,9 @@ def cost(
     if serving:
         from pipeline.serving_cost import serving_costs
 
-        rows = serving_costs(ctx.obj.load(local).prices.price, utilisation)
+        cfg = ctx.obj.load(local)
+        memory = cfg.deploy.serverless.memory_mb if cfg.deploy.serverless else 2048
+        rows = serving_costs(cfg.prices.price, utilisation, memory)
         if as_json:
             sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         else:

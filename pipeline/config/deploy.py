@@ -18,7 +18,7 @@ from pipeline.config.base import (
 )
 from steps.deploy.lifecycle import Policy
 from steps.deploy.sagemaker_account import TARGET_INVOCATIONS
-from steps.deploy.targets import P95_MS, serving_target
+from steps.deploy.targets import P95_MS, SERVERLESS_MAX_CONCURRENCY, SERVERLESS_MEMORY_MB, serving_target
 
 POLICY = Policy()  # the lifecycle's defaults (the deploy Lambda falls back to them too): their one home
 TOPIC_ARN = pattern(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w.-]+$",
@@ -77,6 +77,32 @@ class Neuron(Section):
     cast: Literal["bf16", "fp32"] = "bf16"  # bf16: matrix multiplications in bf16 (Neuron's benchmarks); fp32: none
 
 
+class Serverless(Section):
+    """SageMaker Serverless Inference for low traffic: both endpoints run the CPU image without instances, and
+    SageMaker scales them, to zero when idle (the next request then waits for a cold start). No data capture, no
+    autoscaling policy (docs/serving-targets.md)."""
+
+    memory_mb: int = 2048  # 1024 to 6144 in 1024 steps; the vCPUs grow with it
+    max_concurrency: int = Field(default=5, ge=1, le=SERVERLESS_MAX_CONCURRENCY)  # requests at once, per endpoint
+    provisioned_concurrency: int | None = Field(default=None, ge=1, le=SERVERLESS_MAX_CONCURRENCY)  # kept warm
+
+    @model_validator(mode="after")
+    def _limits(self) -> Serverless:
+        if self.memory_mb not in SERVERLESS_MEMORY_MB:
+            raise ValueError(f"deploy.serverless.memory_mb={self.memory_mb}: expected one of "
+                             f"{', '.join(map(str, SERVERLESS_MEMORY_MB))}")
+        if (self.provisioned_concurrency or 0) > self.max_concurrency:
+            raise ValueError(f"deploy.serverless.provisioned_concurrency={self.provisioned_concurrency}: expected at "
+                             f"most deploy.serverless.max_concurrency ({self.max_concurrency})")
+        return self
+
+    @property
+    def api(self) -> dict[str, int]:
+        """As CreateEndpointConfig's ProductionVariantServerlessConfig."""
+        provisioned = {"ProvisionedConcurrency": self.provisioned_concurrency} if self.provisioned_concurrency else {}
+        return {"MemorySizeInMB": self.memory_mb, "MaxConcurrency": self.max_concurrency, **provisioned}
+
+
 class Deploy(Section):
     endpoint_name: str = Field(pattern=ENDPOINT_NAME, max_length=ENDPOINT_NAME_LENGTH)  # the production endpoint
     instance_type: str = Field(default="ml.c5.xlarge", pattern=INSTANCE_TYPE)
@@ -94,6 +120,7 @@ class Deploy(Section):
     challenge: Challenge = Challenge()
     autoscaling: Autoscaling = Autoscaling()
     neuron: Neuron = Neuron()
+    serverless: Serverless | None = None  # set: both endpoints on Serverless Inference instead of instances
 
     @property
     def staging_instance_type(self) -> str:
@@ -107,7 +134,7 @@ class Deploy(Section):
     @property
     def p95_budget_ms(self) -> float:
         """The endpoint test's p95 budget: deploy.test.p95_ms, else the target's (steps/deploy/targets.py)."""
-        return self.test.p95_ms or P95_MS[self.target]
+        return self.test.p95_ms or P95_MS["serverless" if self.serverless else self.target]
 
     @property
     def staging_endpoint_name(self) -> str:
@@ -129,6 +156,13 @@ class Deploy(Section):
             raise ValueError(f"deploy.staging.instance_type={self.staging_instance_type}: a {staged} instance, while "
                              f"deploy.instance_type={self.instance_type} is a {target} one; expected the same kind, "
                              "so that staging tests the serving stack production runs")
+        if self.serverless and target != "cpu":
+            raise ValueError(f"deploy.serverless: Serverless Inference runs the CPU image, while "
+                             f"deploy.instance_type={self.instance_type} is a {target} instance; expected a CPU type "
+                             "(ml.c*, ml.m*, ml.r*, ml.t*) or deploy.serverless: null")
+        if self.serverless and self.data_capture_s3_uri:
+            raise ValueError(f"deploy.data_capture_s3_uri={self.data_capture_s3_uri}: Serverless Inference does not "
+                             "capture data; expected null with deploy.serverless")
         scaling = self.autoscaling
         if not scaling.min_instances <= self.instance_count <= scaling.max_instances:
             raise ValueError(f"deploy.instance_count={self.instance_count}: expected within deploy.autoscaling's "

@@ -37,4 +37,5 @@ def settings(cfg: Config) -> Settings:
         markers_s3_uri=f"{cfg.s3_root}/{MARKERS}",
         tracking_uri=cfg.tracking.server_arn,
         experiment=experiment(cfg) if cfg.tracking.server_arn else None,
+        serverless=deploy.serverless.api if deploy.serverless else None,
     )

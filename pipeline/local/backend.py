@@ -70,6 +70,9 @@ class LocalBackend:
     def serving_note(self) -> str:
         """Where AWS would serve otherwise than the local endpoint does (on this machine's CPU), else ""."""
         deploy = self.cfg.deploy
+        if deploy.serverless:
+            return (f"; its endpoints serve on this machine's CPU, while on AWS they are serverless "
+                    f"({deploy.serverless.memory_mb} MB, up to {deploy.serverless.max_concurrency} requests at once)")
         if deploy.target == "cpu":
             return ""
         return (f"; its endpoints serve on this machine's CPU, while on AWS deploy.instance_type="

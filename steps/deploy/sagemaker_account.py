@@ -7,8 +7,8 @@ settings (`Settings.to_env`); the CLI hands the config's settings over directly.
 ENDPOINT_NAME / INSTANCE_TYPE / INSTANCE_COUNT (production), STAGING_ENDPOINT_NAME / STAGING_INSTANCE_TYPE /
 STAGING_INSTANCE_COUNT, MODEL_PACKAGE_GROUP, SAGEMAKER_ROLE_ARN (the models' execution role), DATA_CAPTURE_S3_URI and
 GUARDRAILS_ALARM (production), SCALING_MIN_INSTANCES / SCALING_MAX_INSTANCES / SCALING_TARGET_INVOCATIONS (production
-autoscaling), AUTO_PROMOTE, TEST_ROWS / TEST_MAX_ACCURACY_DROP / TEST_P95_MS (the endpoint test), ALERTS_TOPIC_ARN,
-MARKERS_S3_URI.
+autoscaling), SERVERLESS_CONFIG (both endpoints serverless: a ProductionVariantServerlessConfig as JSON), AUTO_PROMOTE,
+TEST_ROWS / TEST_MAX_ACCURACY_DROP / TEST_P95_MS (the endpoint test), ALERTS_TOPIC_ARN, MARKERS_S3_URI.
 
 Concurrency (SageMaker may send several events per state change; async invocations are retried): under
 MARKERS_S3_URI, objects created only where absent (S3 PutObject If-None-Match: *) mark each state change claimed
@@ -64,6 +64,7 @@ class Settings:
     markers_s3_uri: str | None = None
     tracking_uri: str | None = None  # the MLflow server whose RUNNING run of a failed or stopped execution it ends
     experiment: str | None = None
+    serverless: dict[str, int] | None = None  # both endpoints on Serverless Inference (ServerlessConfig)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -100,12 +101,13 @@ class Settings:
             if policy.challenge_metric not in challenge.METRICS:
                 raise ValueError(f"CHALLENGE_METRIC={policy.challenge_metric!r}: expected one of "
                                  f"{', '.join(challenge.METRICS)}")
+            serverless = serverless_config(env.get("SERVERLESS_CONFIG") or "")
         except ValueError as e:
             raise endpoints.DeployError(f"the deploy Lambda's environment: {e}") from None
         return cls(get("MODEL_PACKAGE_GROUP"), staging, production, env.get("SAGEMAKER_ROLE_ARN") or None,
                    env.get("DATA_CAPTURE_S3_URI") or None, env.get("GUARDRAILS_ALARM") or None, scaling,
                    env.get("ALERTS_TOPIC_ARN") or None, policy, env.get("MARKERS_S3_URI") or None,
-                   env.get(TRACKING_URI_ENV) or None, env.get(EXPERIMENT_ENV) or None)
+                   env.get(TRACKING_URI_ENV) or None, env.get(EXPERIMENT_ENV) or None, serverless)
 
     def to_env(self) -> dict[str, str]:
         """The Lambda's environment that `from_env` reads back as these settings (optional ones only when set)."""
@@ -134,7 +136,8 @@ class Settings:
         optional = {"SAGEMAKER_ROLE_ARN": self.role_arn, "DATA_CAPTURE_S3_URI": self.data_capture_s3_uri,
                     "GUARDRAILS_ALARM": self.guardrails_alarm, "ALERTS_TOPIC_ARN": self.topic_arn,
                     "MARKERS_S3_URI": self.markers_s3_uri, TRACKING_URI_ENV: self.tracking_uri,
-                    EXPERIMENT_ENV: self.experiment if self.tracking_uri else None}
+                    EXPERIMENT_ENV: self.experiment if self.tracking_uri else None,
+                    "SERVERLESS_CONFIG": json.dumps(self.serverless, sort_keys=True) if self.serverless else None}
         return variables | {key: value for key, value in optional.items() if value}
 
     def stage(self, stage: str) -> Stage:
@@ -146,6 +149,24 @@ class Settings:
             if self.stage(stage).endpoint.lower() == (endpoint_name or "").lower():
                 return stage
         return None
+
+
+def serverless_config(text: str) -> dict[str, int] | None:
+    """SERVERLESS_CONFIG's ServerlessConfig ({"MemorySizeInMB", "MaxConcurrency"[, "ProvisionedConcurrency"]}), None
+    when empty; ValueError for anything else."""
+    if not text.strip():
+        return None
+    expected = f"SERVERLESS_CONFIG={text!r}: expected JSON like {{\"MemorySizeInMB\": 2048, \"MaxConcurrency\": 5}}"
+    try:
+        config = json.loads(text)
+    except ValueError:
+        raise ValueError(expected) from None
+    keys = {"MemorySizeInMB", "MaxConcurrency"}
+    if not (isinstance(config, dict) and keys <= set(config) <= keys | {"ProvisionedConcurrency"}
+            and all(isinstance(v, int) and v > 0 for v in config.values())
+            and config["MemorySizeInMB"] in targets.SERVERLESS_MEMORY_MB):
+        raise ValueError(expected)
+    return config
 
 
 def _version(package: dict) -> lifecycle.Version:
@@ -308,12 +329,14 @@ class SageMakerAccount:
             role_arn=self.settings.role_arn,
             data_capture_s3_uri=self.settings.data_capture_s3_uri if production else None,
             guardrails_alarm=self.settings.guardrails_alarm if production else None,
-            autoscaling=self.autoscaling if production else None,
+            autoscaling=self.autoscaling if production else None, serverless=self.settings.serverless,
         )
 
     def in_service(self, stage: str) -> str:
         if stage != lifecycle.PRODUCTION or self.autoscaling is None:
             return ""
+        if self.settings.serverless:
+            return "serverless: SageMaker scales it, no autoscaling policy"
         low, high, target = self.settings.scaling
         endpoints.apply_autoscaling(self.autoscaling, self.settings.production.endpoint, low, high, target)
         return f"autoscaling {low}-{high} instances, target {target:g} invocations per instance per minute"
@@ -355,7 +378,9 @@ class SageMakerAccount:
                 print(json.dumps({"warning": f"cannot read {report}: {code}: the endpoint test checks no latency"}))
                 evaluation = {}
         device = targets.DEVICES[targets.serving_target(self.settings.staging.instance_type)]
-        return endpoint_check.expectation(containers[0].get("Environment") or {}, evaluation, device)
+        expected = endpoint_check.expectation(containers[0].get("Environment") or {}, evaluation, device)
+        # Serverless compute is not the evaluation's instance: its p50 is no reference there
+        return {**expected, "p50_ms": None} if self.settings.serverless else expected
 
     def alert(self, line: str, detail: dict[str, Any]) -> None:
         """One readable line plus the JSON, to the alerts topic (when configured) and the log."""

@@ -50,9 +50,11 @@ def endpoint_config_name(
     instance_type: str,
     instance_count: int,
     data_capture_s3_uri: str | None = None,
+    serverless: dict[str, int] | None = None,
 ) -> str:
     """`<endpoint>-v<version>-<hash of the serving settings>`: a settings change makes a new config."""
-    settings = json.dumps([instance_type, int(instance_count), data_capture_s3_uri or ""])
+    serving = [instance_type, int(instance_count)] if serverless is None else [sorted(serverless.items())]
+    settings = json.dumps([*serving, data_capture_s3_uri or ""])
     digest = hashlib.sha256(settings.encode()).hexdigest()[:8]
     return _name(endpoint_name, f"-v{version}-{digest}")
 
@@ -138,8 +140,13 @@ def deploy(
     data_capture_s3_uri: str | None = None,
     guardrails_alarm: str | None = None,
     autoscaling: Any = None,
+    serverless: dict[str, int] | None = None,
 ) -> dict:
     """Serve model package version `model_package_arn` on `endpoint_name` (created or updated).
+
+    `serverless` (a ProductionVariantServerlessConfig: MemorySizeInMB, MaxConcurrency, ProvisionedConcurrency) serves
+    it without instances: `instance_type` and `instance_count` are then unused, and an instance-based endpoint is
+    refused, as SageMaker cannot update one to serverless.
 
     `autoscaling` (an application-autoscaling client) marks an autoscaled endpoint: an update keeps its instance
     count and weight (RetainAllVariantProperties), and a change of instance type removes the scaling policy and
@@ -173,9 +180,13 @@ def deploy(
             f"model package {group} version {version} is {status}, not Approved: approve it first "
             f"(trainium-pipeline models approve {version}); nothing was deployed"
         )
+    if serverless and data_capture_s3_uri:
+        raise DeployError("a serverless endpoint cannot capture data (Serverless Inference does not support it): "
+                          "leave out the data capture URI")
     arn = package.get("ModelPackageArn", model_package_arn)
     model = model_name(group, version)
-    config = endpoint_config_name(endpoint_name, version, instance_type, instance_count, data_capture_s3_uri)
+    config = endpoint_config_name(endpoint_name, version, instance_type, instance_count, data_capture_s3_uri,
+                                  serverless)
     result = {
         "endpoint_name": endpoint_name,
         "endpoint_config_name": config,
@@ -188,6 +199,10 @@ def deploy(
     if endpoint is not None and target_config(endpoint) == config:
         return converged(result, endpoint)
     _check_ready(endpoint_name, endpoint)
+    if serverless and endpoint is not None and _instance_type(sm, endpoint):
+        raise DeployError(f"endpoint {endpoint_name} serves on instances, and SageMaker cannot update an "
+                          f"instance-based endpoint to serverless: delete it (aws sagemaker delete-endpoint "
+                          f"--endpoint-name {endpoint_name}) and deploy again; nothing was deployed")
 
     if describe(sm.describe_model, ModelName=model) is None:
         role = role_arn or os.environ.get("SAGEMAKER_ROLE_ARN")
@@ -200,19 +215,13 @@ def deploy(
             ExecutionRoleArn=role,
         )
     if describe(sm.describe_endpoint_config, EndpointConfigName=config) is None:
+        serving: dict[str, Any] = {"ServerlessConfig": dict(serverless)} if serverless else {
+            "InstanceType": instance_type, "InitialInstanceCount": instance_count, "InitialVariantWeight": 1.0}
         request: dict[str, Any] = {
             "EndpointConfigName": config,
-            "ProductionVariants": [
-                {
-                    "VariantName": "AllTraffic",
-                    "ModelName": model,
-                    "InstanceType": instance_type,
-                    "InitialInstanceCount": instance_count,
-                    "InitialVariantWeight": 1.0,
-                }
-            ],
+            "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": model, **serving}],
         }
-        if startup := startup_health_check_s(instance_type):
+        if not serverless and (startup := startup_health_check_s(instance_type)):
             request["ProductionVariants"][0]["ContainerStartupHealthCheckTimeoutInSeconds"] = startup
         if data_capture_s3_uri:
             request["DataCaptureConfig"] = data_capture_config(data_capture_s3_uri)
@@ -223,7 +232,7 @@ def deploy(
             return _after_race(sm, endpoint_name, result)  # a concurrent caller created it first
         return {**result, "action": "created", "previous_endpoint_config_name": ""}
     update: dict[str, Any] = {"EndpointName": endpoint_name, "EndpointConfigName": config}
-    if autoscaling is not None:
+    if autoscaling is not None and not serverless:
         if _instance_type(sm, endpoint) == instance_type:
             update["RetainAllVariantProperties"] = True  # nothing excluded: DataCaptureConfig is not supported there
         else:

@@ -20,7 +20,11 @@ SPEC_INSTANCE_TYPES = {"cpu": ("ml.c5.xlarge", "ml.c5.2xlarge", "ml.c6i.xlarge",
 # covers a bert-base on a 4-vCPU instance with the container's overhead; an accelerator's model time is a few ms
 # (published bert-base, sequence 128, batch 1: a p99 of 1.04 ms on inf2.xlarge by Neuron, a p95 of 18.92 ms fp32 and
 # 11.52 ms fp16 on a T4 by NVIDIA; docs/serving-targets.md), so the rest of the budget is HTTP, JSON and tokenizing.
-P95_MS = {"cpu": 500.0, "gpu": 100.0, "neuron": 100.0}
+P95_MS = {"cpu": 500.0, "gpu": 100.0, "neuron": 100.0, "serverless": 1000.0}
+# SageMaker Serverless Inference (deploy.serverless): the CPU image without instances, with this much memory (1 GB
+# steps; its vCPUs grow with it) and up to 200 concurrent requests; its budget allows the smaller share of a CPU.
+SERVERLESS_MEMORY_MB = (1024, 2048, 3072, 4096, 5120, 6144)
+SERVERLESS_MAX_CONCURRENCY = 200
 # How long an instance may take to pass its first health check (ContainerStartupHealthCheckTimeoutInSeconds): on
 # Inferentia2 the handler compiles the model for Neuron when it starts (a bert-base takes minutes); None: SageMaker's
 # default.
