@@ -22,7 +22,9 @@ from fixtures_ml import CORPUS, ROOT, step_arguments, write_tokenized
 
 IMAGES = ROOT / "tests" / "images"
 VENVS = {"inference": os.environ.get("IMAGE_VENV_INFERENCE")}
-SETS = {"processing": "inference", "training": "training", "inference": "inference"}  # images.KEY -> its package set
+# images.KEY -> its package set (inference_neuron: the Dockerfile's pins alone, see its header)
+SETS = {"processing": "inference", "training": "training", "inference": "inference",
+        "inference_neuron": "inference_neuron"}
 
 
 def needs(name: str) -> pytest.MarkDecorator:

@@ -111,5 +111,20 @@ def test_the_toolkit_serves_each_variant_with_the_train_steps_predictions(varian
         assert raised.value.error_code == 400 and json.loads(raised.value.message)["error"] == error
 
 
+def test_the_gpu_builds_fp16_model_reproduces_the_train_steps_predictions(test_rows):
+    """The GPU build of the inference image ships the same Python packages (docs/serving-targets.md): the handler's
+    fp16 model (what a GPU serves when the evaluation allows it) under the image's transformers, here on the CPU."""
+    spec = importlib.util.spec_from_file_location("artifact_handler", Path(ARTIFACT) / "code" / "inference.py")
+    handler = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(handler)
+    model = handler.load(ARTIFACT, precision="fp16")
+    assert model.variant == "torch-fp16"
+    ids, types, trained = test_rows
+    served = np.array([float(np.subtract(*model.forward(np.array([row]), None, np.array([row_types]))[0][::-1]))
+                       for row, row_types in zip(ids, types, strict=True)])
+    confident = np.abs(trained) > MARGIN_TOLERANCE["int8"]
+    assert ((served > 0) == (trained > 0))[confident].all(), f"labels differ: served {served}, trained {trained}"
+
+
 def test_this_check_runs_without_onnxruntime_like_the_inference_image():
     assert WITHOUT_ONNXRUNTIME, "run this file where onnxruntime is not installed, as in the inference image"

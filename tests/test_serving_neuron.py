@@ -6,6 +6,7 @@ optimum-neuron and neuronx-cc cannot run here: tests/standins/optimum stands in 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ import pytest
 from fixtures_ml import CORPUS, add_serving_code, build_split_model, build_tokenizer
 from test_inference import call, h
 
-STANDINS = Path(__file__).resolve().parent / "standins"
+ROOT = Path(__file__).resolve().parent.parent
+STANDINS = ROOT / "tests" / "standins"
 SHAPES = {"INFERENCE_NEURON_BATCH_SIZE": "2", "INFERENCE_NEURON_SEQUENCE_LENGTH": "16", "INFERENCE_NEURON_CAST": "bf16"}
 
 
@@ -79,6 +81,26 @@ def test_fp32_compiles_without_casting(model_dir, inferentia2, monkeypatch):
     monkeypatch.setenv("INFERENCE_NEURON_CAST", "fp16")
     with pytest.raises(ValueError, match="INFERENCE_NEURON_CAST='fp16': expected bf16 or fp32"):
         h.model_fn(str(model_dir))
+
+
+def test_the_handler_runs_in_the_neuron_images_python_and_against_its_optimum_neuron():
+    """The Neuron image has Python 3.10 and optimum-neuron 0.4.1 (tests/images/inference_neuron.txt): the handler
+    parses as 3.10, and the stand-in is of that version's API."""
+    import ast
+
+    pins = dict(line.split("==") for line in (ROOT / "tests" / "images" / "inference_neuron.txt").read_text()
+                .splitlines() if "==" in line and not line.startswith("#"))
+    assert pins["python"].startswith("3.10.")
+    ast.parse((ROOT / "training" / "inference.py").read_text(), feature_version=(3, 10))
+    sys.path.insert(0, str(STANDINS))
+    try:
+        spec = importlib.util.find_spec("optimum.neuron")
+        standin = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(standin)
+    finally:
+        sys.path.remove(str(STANDINS))
+        sys.modules.pop("optimum", None)
+    assert pins["optimum-neuron"] == standin.VERSION
 
 
 def test_without_a_neuron_device_the_target_serves_on_the_cpu(model_dir, inferentia2, monkeypatch, tmp_path):

@@ -214,7 +214,9 @@ class SageMakerBackend:
                 endpoint = self.account.endpoint(stage)
                 served = self.account.version(endpoint.version) if endpoint.version else None
                 scaling = "none (staging)"
-                if stage == lifecycle.PRODUCTION:
+                if self.cfg.deploy.serverless:
+                    scaling = "serverless (SageMaker scales it)"
+                elif stage == lifecycle.PRODUCTION:
                     targets = self.aws.client("application-autoscaling").describe_scalable_targets(
                         ServiceNamespace="sagemaker", ResourceIds=[sagemaker_endpoints.scaling_resource(endpoint.name)],
                         ScalableDimension=sagemaker_endpoints.DIMENSION)["ScalableTargets"]

@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 from transformers.modeling_outputs import SequenceClassifierOutput
 
+VERSION = "0.4.1"  # the optimum-neuron whose API this stands in for: the Neuron image's (tests/images/)
 COMPILES: list[dict[str, Any]] = []  # the export calls: what neuronx-cc would have been asked to compile
 EXPORT_ARGUMENTS = {"batch_size", "sequence_length", "auto_cast", "auto_cast_type", "disable_neuron_cache"}
 
