@@ -392,7 +392,7 @@ def load(model_dir: str | Path, runtime: str = "torch", quantize: str = "none", 
         return Classifier(tokenizer, pair_tokenizer, neuron_forward(model, "type_vocab_size" in config), model,
                           _labels(config), max_length, max_texts, neuron.batch_size, pad_id, "neuron", "none", device,
                           neuron.cast)
-    if device != "cpu":  # a GPU: torch fp32 on it, whatever CPU variant the evaluation chose
+    if device != "cpu":  # a GPU: torch in `precision` on it, whatever CPU variant the evaluation chose
         runtime, quantize = "torch", "none"
     forward, model = _variant(model_dir, runtime, quantize, threads or cpu_threads(), device, precision)
     return Classifier(tokenizer, pair_tokenizer, forward, model, _labels(config), max_length, max_texts,
