@@ -72,7 +72,7 @@ def serverless_row(memory_mb: int) -> dict:
                       "for a cold start (seconds, by AWS)"}
 
 
-def serving_costs(price: Callable[[str], float | None], utilisation: float, serverless_mb: int = 2048) -> list[dict]:
+def serving_costs(price: Callable[[str], float | None], utilisation: float, serverless_mb: int) -> list[dict]:
     """One row per target: its figure, its source, the instance's price (`price`: the config's prices) and the cost
     per million requests; then Serverless Inference with `serverless_mb` of memory."""
     if not 0 < utilisation <= 1:

@@ -255,7 +255,7 @@ def test_cost_serving_prices_a_million_requests_per_target_with_each_figures_sou
 
     assert cost_per_million(0.36, 100.0, 0.5) == pytest.approx(0.36 / (100 * 3600 * 0.5) * 1e6)  # 2.0 USD
     assert cost_per_million(None, 100.0, 0.5) is None
-    rows = {r["target"]: r for r in serving_costs({"ml.c5.xlarge": 0.204, "ml.g4dn.xlarge": 0.736}.get, 1.0)}
+    rows = {r["target"]: r for r in serving_costs({"ml.c5.xlarge": 0.204, "ml.g4dn.xlarge": 0.736}.get, 1.0, 2048)}
     assert rows["cpu"]["cost_per_million"] == pytest.approx(0.204 / (rows["cpu"]["requests_per_second"] * 3600) * 1e6,
                                                             rel=1e-3)
     assert "not on an ml.c5.xlarge" in rows["cpu"]["source"]  # measured here, and said so
@@ -265,7 +265,7 @@ def test_cost_serving_prices_a_million_requests_per_target_with_each_figures_sou
     assert serverless["cost_per_million"] == pytest.approx(0.0162 * 2 * 0.00002 * 1e6 + 2048 / 1024**3 * 0.016 * 1e6)
     assert serverless["utilisation"] == 1.0 and "cold start" in serverless["source"]
     with pytest.raises(ValueError, match="--utilisation 0: expected a share"):
-        serving_costs({}.get, 0)
+        serving_costs({}.get, 0, 2048)
     done = CliRunner().invoke(app, ["--set", "deploy.serverless={memory_mb: 4096}", "cost", "--serving", "--json",
                                     "--utilisation", "0.25"])
     assert done.exit_code == 0, done.output

@@ -187,11 +187,11 @@ def cost(
     training throughput and cost per million samples. --local: the would-be AWS cost of a local run's wall time.
     --serving: the price per million requests of each serving target, each figure with its source."""
     if serving:
+        from pipeline.config.deploy import Serverless
         from pipeline.serving_cost import serving_costs
 
         cfg = ctx.obj.load(local)
-        memory = cfg.deploy.serverless.memory_mb if cfg.deploy.serverless else 2048
-        rows = serving_costs(cfg.prices.price, utilisation, memory)
+        rows = serving_costs(cfg.prices.price, utilisation, (cfg.deploy.serverless or Serverless()).memory_mb)
         if as_json:
             sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         else:
