@@ -284,6 +284,11 @@ def choose(scored: list[dict[str, Any]], fp32_correct: np.ndarray, tolerance: fl
             "sample_fp32_accuracy": float(fp32_correct.mean()), "tolerance": tolerance}
 
 
+def correct_on(classifier: Any, rows: pa.Table, labels: np.ndarray, pad_id: int) -> np.ndarray:
+    """Which rows a loaded serving variant classifies right, in its own micro-batches (as it serves)."""
+    return predict(classifier.forward, rows, classifier.micro_batch, pad_id).argmax(axis=1) == labels
+
+
 def score_variants(args: argparse.Namespace, handler: Any, root: Path, rows: pa.Table, labels: np.ndarray,
                    fp32_correct: np.ndarray, pad_id: int) -> tuple[list[dict], dict | None, list[str]]:
     """Score the candidates on the sample, fastest first, until one is within tolerance. Returns the scores, the
@@ -299,7 +304,7 @@ def score_variants(args: argparse.Namespace, handler: Any, root: Path, rows: pa.
         except Exception as e:  # an architecture the exporter does not handle, an artifact without tokenizer.json..
             notes.append(f"{runtime} {quantize} not tried: {type(e).__name__}: {str(e)[:300]}")
             continue
-        correct = predict(classifier.forward, rows, classifier.micro_batch, pad_id).argmax(axis=1) == labels  # served
+        correct = correct_on(classifier, rows, labels, pad_id)
         loss, low, high = quality.paired_difference(fp32_correct, correct)
         p50 = quality.median_ms(lambda i, f=classifier.forward: predict(f, rows.slice(i, 1), 1, pad_id), len(rows))
         scored.append({"variant": classifier.variant, "accuracy": float(correct.mean()), "accuracy_loss": loss,
@@ -320,7 +325,7 @@ def score_gpu(args: argparse.Namespace, handler: Any, root: Path, rows: pa.Table
         return {"precision": "fp32", "reason": "the artifact's code/inference.py serves no fp16"}
     try:
         classifier = handler.load(root, "torch", "none", precision="fp16")
-        correct = predict(classifier.forward, rows, classifier.micro_batch, pad_id).argmax(axis=1) == labels
+        correct = correct_on(classifier, rows, labels, pad_id)
     except Exception as e:  # an operator without a CPU fp16 kernel in this torch
         return {"precision": "fp32", "reason": f"fp16 not scored: {type(e).__name__}: {str(e)[:300]}"}
     loss, low, high = quality.paired_difference(fp32_correct, correct)
